@@ -1,0 +1,40 @@
+# The two commands of the README: `make up` runs the whole product, `make test` runs the tests.
+# Both create .venv on first use and reinstall only when pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV   := .venv
+PIP    := $(VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt
+BIN    := $(VENV)/bin
+
+.PHONY: up test lint format
+
+up: $(VENV)/.installed
+	$(BIN)/kvgate up
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q --upgrade pip
+
+# torch goes in first and alone, pinned by constraints.txt to the CPU wheel, so that no
+# later resolution ever pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) torch
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e '.[dev]'
+	touch $@

@@ -1,0 +1,47 @@
+"""The ``kvgate`` command line.
+
+Subcommands live in their own modules and are imported only when invoked, so that
+``kvgate --help`` and the torch-free commands (gateway, migrate, config) start fast. The
+table below is the complete list: adding a command means adding one line to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+#: subcommand name -> "module:attribute" of its click command or group
+COMMANDS: dict[str, str] = {
+    "config": "kvgate.cmd_config:config",
+    "migrate": "kvgate.cmd_migrate:migrate",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvgate")
+def cli() -> None:
+    """kvgate: LLM serving whose KV cache spills VRAM -> host RAM -> NAS -> S3 and comes back.
+
+    Settings come from KVGATE_* environment variables (and DATABASE_URL, AWS_*) and an
+    optional kvgate.toml; `kvgate config` shows the effective values.
+    """
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()

@@ -1,0 +1,43 @@
+"""``kvgate migrate``: apply pending SQL migrations, or show their status."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import click
+
+from kvgate.database import settings_database
+from kvgate.settings import load_settings
+from migrations import runner
+
+
+async def _run(dsn: str, show_status: bool) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        if show_status:
+            rows = await runner.status(conn)
+            for row in rows:
+                state = "EDITED " if row.edited else ("applied" if row.applied_at else "pending")
+                when = row.applied_at.isoformat(timespec="seconds") if row.applied_at else ""
+                click.echo(f"{state}  {row.name}  {when}")
+            return 1 if any(r.edited for r in rows) else 0
+        applied = await runner.migrate(conn)
+        for name in applied:
+            click.echo(f"applied  {name}")
+        click.echo(f"{len(applied)} migration(s) applied; database is up to date")
+        return 0
+    finally:
+        await conn.close()
+
+
+@click.command()
+@click.option("--status", "show_status", is_flag=True, help="List migrations and exit.")
+def migrate(show_status: bool) -> None:
+    """Apply pending migrations in order (safe to run from several processes at once)."""
+    with settings_database(load_settings()) as dsn:
+        try:
+            code = asyncio.run(_run(dsn, show_status))
+        except runner.MigrationError as exc:
+            raise click.ClickException(str(exc)) from exc
+    raise SystemExit(code)

@@ -1,0 +1,1 @@
+"""Local stand-ins for production infrastructure: embedded Postgres and a SeaweedFS S3 server."""

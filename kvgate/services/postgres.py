@@ -1,0 +1,55 @@
+"""PostgreSQL: the configured ``DATABASE_URL``, or an embedded server from ``pgserver``.
+
+The embedded server keeps its data in ``$KVGATE_HOME/pg`` and survives restarts. Several
+processes may ask for it at once: ``pgserver`` attaches to a running postmaster on the same
+data directory instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+
+@contextlib.contextmanager
+def embedded_postgres(pg_dir: Path, *, keep_running: bool = False) -> Iterator[str]:
+    """Start (or attach to) the embedded PostgreSQL in ``pg_dir`` and yield its DSN.
+
+    On exit the server is stopped unless another process still uses it or
+    ``keep_running`` is set.
+    """
+    import pgserver  # heavy import, only when the embedded server is wanted
+
+    pg_dir = Path(pg_dir).absolute()
+    pg_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(pg_dir, cleanup_mode=None if keep_running else "stop")
+    try:
+        yield server.get_uri()
+    finally:
+        if not keep_running:
+            server.cleanup()
+
+
+@contextlib.contextmanager
+def database(dsn: str | None, pg_dir: Path) -> Iterator[str]:
+    """Yield the DSN to use: ``dsn`` when given, else the embedded server's."""
+    if dsn:
+        yield dsn
+        return
+    with embedded_postgres(pg_dir) as uri:
+        yield uri
+
+
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, **kw: Any
+) -> asyncpg.Pool:
+    """The one way kvgate opens an asyncpg pool (same codecs and timeouts everywhere)."""
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, command_timeout=30, **kw
+    )
+    assert pool is not None
+    return pool

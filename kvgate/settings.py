@@ -1,0 +1,127 @@
+"""The one typed settings object, read from the environment and an optional ``kvgate.toml``.
+
+Precedence (highest first): explicit constructor arguments, environment variables
+(``KVGATE_<FIELD>``, plus the conventional ``DATABASE_URL`` and ``AWS_*`` names), the TOML
+file named by ``KVGATE_CONFIG`` (default ``./kvgate.toml``), then the defaults below.
+Packages below ``kvgate`` never read this object: the composition root maps it onto each
+package's own small config types, so that ``gateway``, ``workers`` and ``tiering`` stay
+importable on their own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+def _config_file() -> Path:
+    return Path(os.environ.get("KVGATE_CONFIG", "kvgate.toml"))
+
+
+class Settings(BaseSettings):
+    """Everything a kvgate process can be told. Field ``foo`` is set by ``KVGATE_FOO``."""
+
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="forbid", populate_by_name=True)
+
+    # --- local state -------------------------------------------------------------------
+    home: Path = Field(Path(".kvgate"), description="Directory holding all local state.")
+
+    # --- Postgres ----------------------------------------------------------------------
+    database_url: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "KVGATE_DATABASE_URL", "database_url"),
+        description="Postgres DSN; unset means an embedded PostgreSQL in $KVGATE_HOME/pg.",
+    )
+    db_pool_min: int = Field(1, ge=0, description="Minimum connections per asyncpg pool.")
+    db_pool_max: int = Field(10, ge=1, description="Maximum connections per asyncpg pool.")
+
+    # --- object store (S3) -------------------------------------------------------------
+    s3_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("KVGATE_S3_ENDPOINT", "AWS_ENDPOINT_URL", "s3_endpoint"),
+        description="S3 endpoint URL; unset means `kvgate up` starts SeaweedFS locally.",
+    )
+    s3_access_key: SecretStr = Field(
+        SecretStr("kvgate"),
+        validation_alias=AliasChoices("KVGATE_S3_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "s3_access_key"),
+        description="S3 access key id.",
+    )
+    s3_secret_key: SecretStr = Field(
+        SecretStr("kvgate-secret"),
+        validation_alias=AliasChoices(
+            "KVGATE_S3_SECRET_KEY", "AWS_SECRET_ACCESS_KEY", "s3_secret_key"
+        ),
+        description="S3 secret access key.",
+    )
+    s3_region: str = Field("us-east-1", description="S3 region name.")
+    s3_bucket: str = Field("kvgate", description="Bucket holding KV blocks (L4).")
+    s3_prefix: str = Field("kv/", description="Key prefix inside the bucket.")
+
+    # --- NAS (L3) ------------------------------------------------------------------------
+    nas_path: Path | None = Field(
+        None, description="NAS directory (an NFS mount in production); default $KVGATE_HOME/nas."
+    )
+
+    # --- processes started by `kvgate up` ---------------------------------------------------
+    bind_host: str = Field("127.0.0.1", description="Address the gateway and worker bind to.")
+    gateway_port: int = Field(8000, description="Gateway HTTP port.")
+    worker_port: int = Field(30000, description="Built-in worker HTTP port.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file())
+        return (init_settings, env_settings, toml)
+
+    # --- derived paths ------------------------------------------------------------------------
+    @property
+    def pg_dir(self) -> Path:
+        """Embedded PostgreSQL data directory."""
+        return self.home / "pg"
+
+    @property
+    def s3_dir(self) -> Path:
+        """Embedded SeaweedFS data directory."""
+        return self.home / "s3"
+
+    @property
+    def nas_dir(self) -> Path:
+        """The NAS directory actually used."""
+        return self.nas_path if self.nas_path is not None else self.home / "nas"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where pulled model files are cached."""
+        return self.home / "models"
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings as plain values, secrets replaced by ``********``."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "********" if value.get_secret_value() else ""
+            elif isinstance(value, Path):
+                value = str(value)
+            out[name] = value
+        return out
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings; ``overrides`` win over every other source."""
+    return Settings(**overrides)

@@ -1,0 +1,61 @@
+"""Session-wide real infrastructure for every test: Postgres, a SeaweedFS S3 server, a NAS dir.
+
+Postgres is ``DATABASE_URL`` when set (CI may point at a server of its own), otherwise an
+embedded PostgreSQL in a temporary directory; all migrations are applied once. The S3
+server is a real ``weed server -s3`` on free loopback ports. Tests share these servers, so
+each test uses its own names (namespaces, teams, bucket prefixes) rather than cleaning up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from kvgate.services.postgres import create_pool, database
+from kvgate.services.seaweed import S3Endpoint, seaweed_s3
+from migrations import runner
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """DSN of a migrated Postgres shared by the whole session."""
+    import asyncio
+
+    with database(os.environ.get("DATABASE_URL"), tmp_path_factory.mktemp("pg")) as dsn:
+
+        async def _migrate() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await runner.migrate(conn)
+            finally:
+                await conn.close()
+
+        asyncio.run(_migrate())
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+async def pg_pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """An asyncpg pool on the session database (session event loop)."""
+    pool = await create_pool(pg_dsn, min_size=1, max_size=8)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """A real SeaweedFS S3 endpoint with the bucket ``kvtest`` created."""
+    with seaweed_s3(tmp_path_factory.mktemp("s3"), bucket="kvtest") as (endpoint, _proc):
+        yield endpoint
+
+
+@pytest.fixture
+def nas_dir(tmp_path: Path) -> Path:
+    """A fresh directory standing in for the NAS mount."""
+    path = tmp_path / "nas"
+    path.mkdir()
+    return path

@@ -1,0 +1,1 @@
+"""The built-in torch engine: model, tokenizer, paged KV pool, radix cache, scheduler."""

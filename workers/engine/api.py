@@ -1,0 +1,98 @@
+"""The contract between the engine core (scheduler, model, KV) and whoever serves it (HTTP).
+
+The engine works in token ids only. Text concerns (tokenizing, chat templates, stop
+strings, detokenizing) belong to the serving layer, which aborts a request once a stop
+string appears. Everything here is plain data so that it can cross threads safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+#: The tiers a prompt token can be served from, in ladder order.
+TIERS: tuple[str, ...] = ("device", "host", "nas", "object")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation: prompt ids, sampling, and the tenant's cache salt (KV namespace)."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    cache_salt: str = ""
+
+
+@dataclass
+class TokenEvent:
+    """What one scheduler step produced for one request.
+
+    ``token_ids`` holds only the tokens new since the previous event. The last event of a
+    request has ``finished`` set. Counters are totals so far.
+    """
+
+    rid: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    #: tokens of the prompt served from each tier (keys from ``TIERS``), summing to ``cached_tokens``
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot for load reporting (/v1/loads, /metrics, the worker agent)."""
+
+    running: int
+    queued: int
+    pool_used_pages: int
+    pool_total_pages: int
+    cached_pages: int
+
+
+class Engine(Protocol):
+    """What the serving layer needs from an engine."""
+
+    model_id: str
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Queue ``request`` and yield its events until one has ``finished``.
+
+        Closing the iterator early (client gone) aborts the request and frees its pages.
+        """
+        ...
+
+    def abort(self, rid: str) -> bool:
+        """Stop ``rid`` wherever it is (queued or running); False when unknown."""
+        ...
+
+    def flush_cache(self) -> bool:
+        """Drop every unreferenced cached page; False when requests are running."""
+        ...
+
+    def load(self) -> EngineLoad:
+        """Current load."""
+        ...
