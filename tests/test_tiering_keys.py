@@ -1,0 +1,57 @@
+"""Page keys: the chain is seeded by the namespace and each key covers the whole prefix."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+
+from tiering.keys import Namespace, page_keys
+
+NS = Namespace(tenant="team-a", model="smollm2-135m@abc", dtype="bfloat16", page_size=4)
+
+
+def test_first_key_is_seeded_with_namespace_and_later_keys_chain() -> None:
+    ids = list(range(100, 112))
+    keys = NS.page_keys(ids)
+    assert len(keys) == 3
+    first = hashlib.sha256(NS.digest + struct.pack("<4I", *ids[:4])).digest()
+    assert keys[0] == first
+    assert keys[1] == hashlib.sha256(first + struct.pack("<4I", *ids[4:8])).digest()
+
+
+def test_partial_tail_page_gets_no_key_and_prefixes_share_keys() -> None:
+    ids = list(range(50))
+    assert NS.page_keys(ids[:10]) == NS.page_keys(ids)[:2]
+
+
+def test_changing_an_early_token_changes_every_later_key() -> None:
+    ids = list(range(16))
+    other = [*ids[:1], 999, *ids[2:]]
+    assert not set(NS.page_keys(ids)) & set(NS.page_keys(other))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("tenant", "team-b"), ("model", "other"), ("dtype", "float16"), ("layout", "x")],
+)
+def test_namespaces_differing_in_any_field_share_no_keys(field: str, value: str) -> None:
+    other = dataclasses.replace(NS, **{field: value})
+    ids = list(range(32))
+    assert other.digest != NS.digest
+    assert not set(NS.page_keys(ids)) & set(other.page_keys(ids))
+
+
+def test_start_skips_leading_keys_and_numpy_input_matches_lists() -> None:
+    ids = np.arange(4 * 256, dtype=np.int32)
+    keys = page_keys(NS.digest, ids, 4)
+    assert len(keys) == 256
+    assert page_keys(NS.digest, ids.tolist(), 4, start=250) == keys[250:]
+
+
+def test_token_ids_outside_uint32_are_rejected() -> None:
+    with pytest.raises(ValueError, match="uint32"):
+        NS.page_keys([-1, 0, 0, 0])

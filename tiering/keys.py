@@ -1,0 +1,74 @@
+"""Page keys: chained SHA-256 digests seeded with a namespace digest.
+
+Each page of ``page_size`` tokens is named by ``sha256(previous_digest || token ids)``, token
+ids as little-endian uint32, and the chain starts from the digest of a :class:`Namespace`
+(tenant cache salt, model fingerprint, dtype, page size, layout). A page key therefore names
+the whole prefix up to and including that page, and two tenants sending the same prompt
+never share a key — no cross-tenant hits and no timing side channel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+import numpy as np
+
+#: Length in bytes of every digest used as a key.
+KEY_BYTES = 32
+
+_NS_DOMAIN = b"kvgate/namespace/v1\0"  # domain separation: a namespace digest is never a page key
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Everything that must match for two pages to be interchangeable."""
+
+    tenant: str
+    model: str
+    dtype: str
+    page_size: int
+    layout: str = "layer,kv,token,head,dim"
+
+    def __post_init__(self) -> None:
+        if self.page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {self.page_size}")
+
+    @cached_property
+    def digest(self) -> bytes:
+        """32-byte digest of the canonical JSON form of the fields; seeds every chain."""
+        canon = json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(_NS_DOMAIN + canon).digest()
+
+    def page_keys(self, token_ids: Sequence[int] | np.ndarray) -> list[bytes]:
+        """Keys of the full pages of ``token_ids`` in this namespace (a partial tail has none)."""
+        return page_keys(self.digest, token_ids, self.page_size)
+
+
+def page_keys(
+    seed: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int, *, start: int = 0
+) -> list[bytes]:
+    """Chained digests of the full pages of ``token_ids``, the chain seeded with ``seed``.
+
+    ``start`` skips that many leading pages' keys in the output (the chain is still computed
+    from the first page, since every key depends on all before it).
+    """
+    ids = np.asarray(token_ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
+        raise ValueError("token ids must fit in uint32")
+    n_pages = ids.size // page_size
+    # One conversion for the whole chain; each page is then a zero-copy slice of it.
+    raw = memoryview(ids[: n_pages * page_size].astype("<u4").tobytes())
+    step = page_size * 4
+    prev = seed
+    out: list[bytes] = []
+    for i in range(n_pages):
+        h = hashlib.sha256(prev)
+        h.update(raw[i * step : (i + 1) * step])
+        prev = h.digest()
+        if i >= start:
+            out.append(prev)
+    return out
