@@ -15,6 +15,7 @@ import click
 COMMANDS: dict[str, str] = {
     "config": "kvgate.cmd_config:config",
     "migrate": "kvgate.cmd_migrate:migrate",
+    "admin": "kvgate.cmd_admin:admin",
 }
 
 

@@ -71,6 +71,30 @@ class Settings(BaseSettings):
         None, description="NAS directory (an NFS mount in production); default $KVGATE_HOME/nas."
     )
 
+    # --- gateway (GATEWAY) ------------------------------------------------------------------
+    gateway_trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description='CIDRs whose X-Forwarded-For is believed (JSON list, e.g. ["10.0.0.0/8"]).',
+    )
+    gateway_free_share: float = Field(
+        0.3, ge=0, le=1, description="Most of the workers' capacity free-tier requests may use."
+    )
+    gateway_body_limit: int = Field(
+        1 << 20, gt=0, description="Largest request body in bytes (larger gets 413)."
+    )
+    gateway_usage_flush_s: float = Field(
+        0.5, gt=0, le=1, description="Seconds between batched usage writes."
+    )
+    gateway_auth_cache_ttl_s: float = Field(
+        2.0, ge=0, le=4, description="Seconds a key lookup is trusted (a revoke lands within it)."
+    )
+    gateway_worker_timeout_s: float = Field(
+        5.0, gt=0, description="Workers silent for longer than this get no traffic."
+    )
+    gateway_upstream_timeout_s: float = Field(
+        600.0, gt=0, description="Longest a worker may take to answer one request."
+    )
+
     # --- processes started by `kvgate up` ---------------------------------------------------
     bind_host: str = Field("127.0.0.1", description="Address the gateway and worker bind to.")
     gateway_port: int = Field(8000, description="Gateway HTTP port.")

@@ -1,0 +1,166 @@
+"""Teams, plans and API keys in Postgres: the admin operations and the key lookup.
+
+Used by ``kvgate admin`` (create/list/revoke) and by the gateway's authenticator
+(:func:`lookup_key`). Every function takes an asyncpg connection or pool.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway import keys
+
+
+class AccountError(ValueError):
+    """An admin operation cannot be done; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a tier may do (see ``migrations/0001_accounts.sql``)."""
+
+    name: str
+    requests_per_min: int
+    tokens_per_min: int
+    tokens_per_day: int
+    max_concurrent: int
+    max_max_tokens: int
+    max_context: int
+
+
+@dataclass(frozen=True)
+class Team:
+    """A customer account."""
+
+    id: int
+    name: str
+    plan: str
+    cache_salt: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """An API key as listed (never the secret)."""
+
+    id: int
+    team: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyOwner:
+    """What a valid key resolves to: the key, its team and the team's plan."""
+
+    key_id: int
+    team_id: int
+    team: str
+    cache_salt: str
+    plan: Plan
+
+
+_PLAN_COLUMNS = (
+    "p.name, p.requests_per_min, p.tokens_per_min, p.tokens_per_day, "
+    "p.max_concurrent, p.max_max_tokens, p.max_context"
+)
+
+
+async def get_plan(db: Any, name: str) -> Plan:
+    """The plan called ``name``."""
+    row = await db.fetchrow(f"SELECT {_PLAN_COLUMNS} FROM plans p WHERE p.name = $1", name)
+    if row is None:
+        raise AccountError(f"no plan named {name!r}; see the plans table for the names")
+    return Plan(*row)
+
+
+async def create_team(db: Any, name: str, plan: str = "team") -> Team:
+    """A new team on ``plan`` with a fresh random cache salt."""
+    await get_plan(db, plan)
+    row = await db.fetchrow(
+        """
+        INSERT INTO teams (name, plan, cache_salt) VALUES ($1, $2, $3)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING id, name, plan, cache_salt, created_at
+        """,
+        name,
+        plan,
+        secrets.token_hex(16),
+    )
+    if row is None:
+        raise AccountError(f"a team named {name!r} already exists; pick another name")
+    return Team(*row)
+
+
+async def list_teams(db: Any) -> list[Team]:
+    """Every team, oldest first."""
+    rows = await db.fetch("SELECT id, name, plan, cache_salt, created_at FROM teams ORDER BY id")
+    return [Team(*r) for r in rows]
+
+
+async def create_key(db: Any, team: str, name: str = "") -> tuple[KeyInfo, str]:
+    """A new key for ``team``; returns its listing and the secret (which is not stored)."""
+    new = keys.mint()
+    row = await db.fetchrow(
+        """
+        INSERT INTO api_keys (team_id, name, prefix, key_hash)
+        SELECT id, $2, $3, $4 FROM teams WHERE name = $1
+        RETURNING id, $1::text, name, prefix, created_at, revoked_at
+        """,
+        team,
+        name,
+        new.prefix,
+        new.key_hash,
+    )
+    if row is None:
+        raise AccountError(f"no team named {team!r}; create it with `kvgate admin teams create`")
+    return KeyInfo(*row), new.secret
+
+
+async def list_keys(db: Any, team: str | None = None) -> list[KeyInfo]:
+    """Keys of ``team`` (every team when None), oldest first."""
+    rows = await db.fetch(
+        """
+        SELECT k.id, t.name, k.name, k.prefix, k.created_at, k.revoked_at
+        FROM api_keys k JOIN teams t ON t.id = k.team_id
+        WHERE $1::text IS NULL OR t.name = $1
+        ORDER BY k.id
+        """,
+        team,
+    )
+    return [KeyInfo(*r) for r in rows]
+
+
+async def revoke_key(db: Any, key_id: int) -> KeyInfo:
+    """Revoke key ``key_id`` (idempotent); gateways stop accepting it within their cache TTL."""
+    row = await db.fetchrow(
+        """
+        UPDATE api_keys k SET revoked_at = coalesce(k.revoked_at, now())
+        FROM teams t WHERE k.id = $1 AND t.id = k.team_id
+        RETURNING k.id, t.name, k.name, k.prefix, k.created_at, k.revoked_at
+        """,
+        key_id,
+    )
+    if row is None:
+        raise AccountError(f"no key with id {key_id}; `kvgate admin keys list` shows the ids")
+    return KeyInfo(*row)
+
+
+async def lookup_key(db: Any, secret: str) -> KeyOwner | None:
+    """The owner of an active key ``secret``; None when unknown or revoked."""
+    row = await db.fetchrow(
+        f"""
+        SELECT k.id, t.id, t.name, t.cache_salt, {_PLAN_COLUMNS}
+        FROM api_keys k JOIN teams t ON t.id = k.team_id JOIN plans p ON p.name = t.plan
+        WHERE k.key_hash = $1 AND k.revoked_at IS NULL
+        """,
+        keys.hash_key(secret),
+    )
+    if row is None:
+        return None
+    return KeyOwner(row[0], row[1], row[2], row[3], Plan(*row[4:]))

@@ -1,0 +1,102 @@
+"""``kvgate admin``: manage teams and API keys from the command line.
+
+The web console comes later; until then this is how staff onboard a team. A key's secret
+is printed exactly once, by ``keys create``: only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import click
+
+from gateway import accounts
+from kvgate.database import settings_database
+from kvgate.settings import load_settings
+from migrations import runner
+
+T = TypeVar("T")
+
+
+def _with_db(work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Run ``work`` on a connection to the configured (migrated) database."""
+
+    async def run(dsn: str) -> T:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await runner.migrate(conn)
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    with settings_database(load_settings()) as dsn:
+        try:
+            return asyncio.run(run(dsn))
+        except accounts.AccountError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+@click.group()
+def admin() -> None:
+    """Teams and API keys."""
+
+
+@admin.group()
+def teams() -> None:
+    """Create and list teams."""
+
+
+@teams.command("create")
+@click.argument("name")
+@click.option("--plan", default="team", show_default=True, help="Plan name (plans table).")
+def teams_create(name: str, plan: str) -> None:
+    """Create team NAME on PLAN."""
+    team = _with_db(lambda db: accounts.create_team(db, name, plan))
+    click.echo(f"created team {team.name} (id {team.id}, plan {team.plan})")
+
+
+@teams.command("list")
+def teams_list() -> None:
+    """List every team."""
+    for team in _with_db(accounts.list_teams):
+        click.echo(f"{team.id}\t{team.name}\t{team.plan}\t{_when(team.created_at)}")
+
+
+@admin.group()
+def keys() -> None:
+    """Create, list and revoke API keys."""
+
+
+@keys.command("create")
+@click.option("--team", required=True, help="Team that owns the key.")
+@click.option("--name", default="", help="A label for the key (e.g. where it is used).")
+def keys_create(team: str, name: str) -> None:
+    """Create a key for TEAM and print its secret (shown only this once)."""
+    info, secret = _with_db(lambda db: accounts.create_key(db, team, name))
+    click.echo(f"created key {info.id} ({info.prefix}…) for team {info.team}", err=True)
+    click.echo("store the secret now; it cannot be shown again:", err=True)
+    click.echo(secret)
+
+
+@keys.command("list")
+@click.option("--team", default=None, help="Only this team's keys.")
+def keys_list(team: str | None) -> None:
+    """List keys (prefix only, never the secret)."""
+    for k in _with_db(lambda db: accounts.list_keys(db, team)):
+        state = f"revoked {_when(k.revoked_at)}" if k.revoked_at else "active"
+        click.echo(f"{k.id}\t{k.prefix}…\t{k.team}\t{k.name}\t{_when(k.created_at)}\t{state}")
+
+
+@keys.command("revoke")
+@click.argument("key_id", type=int)
+def keys_revoke(key_id: int) -> None:
+    """Revoke key KEY_ID; every gateway replica refuses it within a few seconds."""
+    info = _with_db(lambda db: accounts.revoke_key(db, key_id))
+    click.echo(f"revoked key {info.id} ({info.prefix}…) of team {info.team}")
