@@ -1,0 +1,44 @@
+"""Helpers shared by the tiering tests: deterministic blocks and tier factories."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from kvgate.services.seaweed import S3Endpoint
+from tiering.codec import Block, make_block
+from tiering.keys import Namespace
+from tiering.tiers.object import ObjectConfig
+
+
+def namespace(tenant: str = "tenant", page_size: int = 4) -> Namespace:
+    """A namespace unique to the calling test (random model fingerprint)."""
+    return Namespace(
+        tenant=tenant, model=f"m-{uuid.uuid4().hex}", dtype="float16", page_size=page_size
+    )
+
+
+def chain(ns: Namespace, n_pages: int, *, elems: int = 256, first_token: int = 0) -> list[Block]:
+    """``n_pages`` chained blocks in ``ns`` with deterministic float16 payloads."""
+    ids = list(range(first_token, first_token + n_pages * ns.page_size))
+    blocks = []
+    for i, key in enumerate(ns.page_keys(ids)):
+        arr = (
+            np.random.default_rng(first_token * 1000 + i).standard_normal(elems).astype(np.float16)
+        )
+        blocks.append(make_block(key, ns.digest, "float16", (elems,), arr))
+    return blocks
+
+
+def object_config(endpoint: S3Endpoint, **kw: object) -> ObjectConfig:
+    """An object-tier config on the test S3 server, under a prefix unique to the caller."""
+    return ObjectConfig(
+        endpoint_url=endpoint.url,
+        bucket="kvtest",
+        prefix=f"t-{uuid.uuid4().hex[:12]}/",
+        access_key=endpoint.access_key,
+        secret_key=endpoint.secret_key,
+        region=endpoint.region,
+        **kw,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,65 @@
+"""The one small async interface every tier implements, and its counters.
+
+A tier stores verified :class:`~tiering.codec.Block` objects under their 32-byte keys. Per
+key problems never raise: a missing key is ``None``, a corrupt block is ``None`` *and* is
+deleted and counted. A backend that is unavailable as a whole (directory read-only, S3
+unreachable) raises :class:`TierError`, which the tiered store turns into a counted miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tiering.codec import Block
+
+
+class TierError(RuntimeError):
+    """A tier's backend failed as a whole; the message names the tier and the cause."""
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier since it was created (a snapshot when returned by ``stats``)."""
+
+    name: str
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    puts: int = 0
+    deletes: int = 0
+    corruptions: int = 0
+    used_bytes: int = 0
+    items: int = 0
+
+    def snapshot(self) -> TierStats:
+        return dataclasses.replace(self)
+
+
+class Tier(Protocol):
+    """What the tiered store and tierd need from a tier."""
+
+    name: str
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
+        """The verified blocks for ``keys`` in order; ``None`` where absent or corrupt."""
+        ...
+
+    async def put_many(self, blocks: Sequence[Block]) -> None:
+        """Store ``blocks`` (overwriting same keys); raise :class:`TierError` if impossible."""
+        ...
+
+    async def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are present, without reading or verifying them."""
+        ...
+
+    async def delete_many(self, keys: Sequence[bytes]) -> None:
+        """Remove ``keys``; absent keys are fine."""
+        ...
+
+    def stats(self) -> TierStats:
+        """A snapshot of the counters."""
+        ...

@@ -1,0 +1,101 @@
+"""L2: host RAM with a byte budget and LRU eviction.
+
+Blocks are copied in on ``put`` (the caller's buffer is usually a GPU staging area that is
+about to be reused). The copy function is injectable so that a torch adapter can place
+blocks in pinned memory when CUDA is present (``tiering.pinned``), keeping this module
+torch-free; the default copies into ordinary ``bytes``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from tiering.codec import Block
+from tiering.tiers.base import TierStats
+
+CopyIn = Callable[[memoryview], memoryview]
+
+
+def _copy_to_bytes(view: memoryview) -> memoryview:
+    return memoryview(bytes(view))
+
+
+class HostTier:
+    """An in-process LRU of blocks bounded by ``budget_bytes`` of payload."""
+
+    name = "host"
+
+    def __init__(self, budget_bytes: int, *, copy_in: CopyIn | None = None) -> None:
+        self.budget_bytes = budget_bytes
+        self._copy_in = copy_in or _copy_to_bytes
+        self._blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self._stats = TierStats(self.name)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._blocks
+
+    def get_now(self, key: bytes) -> Block | None:
+        """The block for ``key`` (marking it recently used), or None; no await needed."""
+        block = self._blocks.get(key)
+        if block is None:
+            self._stats.misses += 1
+            return None
+        self._blocks.move_to_end(key)
+        self._stats.hits += 1
+        self._stats.bytes_read += block.nbytes
+        return block
+
+    def put_now(self, block: Block) -> None:
+        """Copy ``block`` in, evicting least-recently-used blocks to stay within budget."""
+        if block.nbytes > self.budget_bytes:
+            return  # could never fit; keeping it would evict everything for nothing
+        self._drop(block.key)
+        while self._blocks and self._stats.used_bytes + block.nbytes > self.budget_bytes:
+            self._drop(next(iter(self._blocks)))
+        payload = self._copy_in(block.payload)
+        self._blocks[block.key] = Block(
+            block.key, block.namespace, block.dtype, block.shape, payload
+        )
+        self._stats.used_bytes += block.nbytes
+        self._stats.items += 1
+        self._stats.puts += 1
+        self._stats.bytes_written += block.nbytes
+
+    def _drop(self, key: bytes) -> None:
+        old = self._blocks.pop(key, None)
+        if old is not None:
+            self._stats.used_bytes -= old.nbytes
+            self._stats.items -= 1
+            self._stats.deletes += 1
+
+    def clear(self) -> None:
+        """Forget every block."""
+        for key in list(self._blocks):
+            self._drop(key)
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
+        return [self.get_now(k) for k in keys]
+
+    async def put_many(self, blocks: Sequence[Block]) -> None:
+        for block in blocks:
+            self.put_now(block)
+
+    async def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        return self.prefix_now(keys)
+
+    def prefix_now(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are held, synchronously."""
+        n = 0
+        for key in keys:
+            if key not in self._blocks:
+                break
+            n += 1
+        return n
+
+    async def delete_many(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._drop(key)
+
+    def stats(self) -> TierStats:
+        return self._stats.snapshot()

@@ -1,0 +1,201 @@
+"""L3: a shared directory (an NFS mount in production) holding one file per block.
+
+Files live in sharded subdirectories (``ab/cd/<hex>.kvb``) so that no directory grows to
+millions of entries. A block is written to a hidden temporary name in its final directory
+and renamed into place with ``os.replace``, which is atomic: a reader sees the whole old
+block, the whole new one, or nothing — never a partial block, even if the writer dies.
+Temporary files left by dead writers are collected by tierd. Blocking I/O runs in a
+thread pool so that the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiering.codec import Block, CorruptBlock, decode, encode_header
+from tiering.tiers.base import TierError, TierStats
+
+SUFFIX = ".kvb"
+TMP_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True)
+class NasConfig:
+    """Where the NAS is mounted and how to write to it."""
+
+    root: Path
+    #: fsync each block before the rename (durable across a power cut, slower)
+    fsync: bool = True
+    threads: int = 8
+    #: bytes per write call; bounds how long one call holds a thread
+    write_chunk: int = 8 << 20
+
+
+@dataclass(frozen=True)
+class NasEntry:
+    """One file found by :meth:`NasTier.scan`."""
+
+    path: Path
+    key: bytes | None  # None for a temporary file
+    size: int
+    mtime: float
+
+
+class NasTier:
+    """Blocks as files under ``config.root``."""
+
+    name = "nas"
+
+    def __init__(self, config: NasConfig) -> None:
+        self.config = config
+        self.root = Path(config.root)
+        self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="kv-nas")
+        self._stats = TierStats(self.name)
+
+    def path(self, key: bytes) -> Path:
+        """The file that holds ``key``."""
+        h = key.hex()
+        return self.root / h[:2] / h[2:4] / (h + SUFFIX)
+
+    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # --- reads --------------------------------------------------------------------------
+    def _read_one(self, key: bytes) -> Block | None:
+        path = self.path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                buf = bytearray(size)
+                view = memoryview(buf)
+                got = 0
+                while got < size:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise TierError(f"nas: cannot read {path}: {exc}") from exc
+        try:
+            return decode(view[:got], expect_key=key)
+        except CorruptBlock:
+            self._stats.corruptions += 1
+            self._unlink(path)
+            return None
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
+        out = await asyncio.gather(*(self._run(self._read_one, k) for k in keys))
+        for block in out:
+            if block is None:
+                self._stats.misses += 1
+            else:
+                self._stats.hits += 1
+                self._stats.bytes_read += block.nbytes
+        return list(out)
+
+    async def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        def count() -> int:
+            n = 0
+            for key in keys:
+                if not self.path(key).exists():
+                    break
+                n += 1
+            return n
+
+        return await self._run(count)
+
+    # --- writes -------------------------------------------------------------------------
+    def _write_one(self, block: Block) -> None:
+        path = self.path(block.key)
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise TierError(f"nas: cannot create {tmp}: {exc}") from exc
+        try:
+            try:
+                self._write_all(fd, memoryview(encode_header(block)))
+                self._write_all(fd, block.payload)
+                if self.config.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:
+            self._unlink(tmp)
+            raise TierError(f"nas: cannot write {path}: {exc}") from exc
+
+    def _write_all(self, fd: int, view: memoryview) -> None:
+        chunk = self.config.write_chunk
+        pos = 0
+        while pos < view.nbytes:
+            pos += os.write(fd, view[pos : pos + chunk])
+
+    async def put_many(self, blocks: Sequence[Block]) -> None:
+        await asyncio.gather(*(self._run(self._write_one, b) for b in blocks))
+        self._stats.puts += len(blocks)
+        self._stats.bytes_written += sum(b.nbytes for b in blocks)
+
+    # --- deletes and scans ----------------------------------------------------------------
+    def _unlink(self, path: Path) -> bool:
+        try:
+            path.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    async def delete_many(self, keys: Sequence[bytes]) -> None:
+        def delete() -> int:
+            return sum(self._unlink(self.path(k)) for k in keys)
+
+        try:
+            self._stats.deletes += await self._run(delete)
+        except OSError as exc:
+            raise TierError(f"nas: cannot delete under {self.root}: {exc}") from exc
+
+    def remove(self, path: Path) -> None:
+        """Delete one file found by :meth:`scan` (an orphan or a stale temporary)."""
+        self._unlink(path)
+
+    def scan(self) -> Iterator[NasEntry]:
+        """Every block and temporary file on the NAS (blocking; for tierd and accounting)."""
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                path = Path(dirpath) / name
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue  # deleted while we walked
+                if name.endswith(SUFFIX) and not name.startswith("."):
+                    try:
+                        key: bytes | None = bytes.fromhex(name[: -len(SUFFIX)])
+                    except ValueError:
+                        key = None
+                    yield NasEntry(path, key, st.st_size, st.st_mtime)
+                elif name.endswith(TMP_SUFFIX):
+                    yield NasEntry(path, None, st.st_size, st.st_mtime)
+
+    async def usage(self) -> tuple[int, int]:
+        """``(files, bytes)`` of complete blocks on the NAS, measured by a scan."""
+
+        def measure() -> tuple[int, int]:
+            sizes = [e.size for e in self.scan() if e.key is not None]
+            return len(sizes), sum(sizes)
+
+        return await self._run(measure)
+
+    def stats(self) -> TierStats:
+        return self._stats.snapshot()
+
+    def close(self) -> None:
+        """Stop the I/O threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
