@@ -1,0 +1,241 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated before anything runs.
+
+Both the gateway (which inspects and rewrites bodies before proxying) and the workers
+(which serve them) parse requests with these models, so a body the gateway accepts is a
+body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling extras
+(``min_tokens``, ``top_k``, ``stop_token_ids``, ``ignore_eos``) and the cache-salt fields
+of :mod:`protocol.fields`. Unknown fields are ignored, as OpenAI-compatible servers do;
+parameters we cannot honour (``n`` > 1, ``logprobs``) are rejected rather than ignored so
+that a client never silently gets less than it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: Upper bound on any token count a client may ask for; anything above is a typo or abuse.
+#: The real limit (the model's context) is checked by the server once the prompt is known.
+MAX_TOKENS_LIMIT = 1_000_000
+
+#: Roles a chat message may have.
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class RequestError(ValueError):
+    """A request body that cannot be served; ``message`` says what to change."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Role
+    content: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, content: Any) -> Any:
+        # OpenAI also allows a list of typed parts; we serve text only, so join the parts.
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ValueError(
+                    "only text content parts ({'type': 'text', 'text': ...}) are supported"
+                )
+            if not isinstance(part.get("text"), str):
+                raise ValueError("a text content part needs a string 'text'")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        # Only an assistant turn (e.g. one that made tool calls) may come without content.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role!r} message needs 'content'")
+        return self
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: only ``include_usage`` has a meaning."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+
+
+class _SamplingRequest(BaseModel):
+    """Parameters shared by chat and text completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    max_tokens: TokenCount | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    n: int = 1
+    user: str | None = None
+    # SGLang extras
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)
+    top_k: int = Field(0, ge=-1)  # 0 and -1 (SGLang's spelling) both mean "off"
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported; send separate requests for more choices")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        values = [stop] if isinstance(stop, str) else (stop or [])
+        if any(not s for s in values):
+            raise ValueError("stop strings must be non-empty")
+        if len(values) > 16:
+            raise ValueError("at most 16 stop strings are supported")
+        return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, ids: list[int]) -> list[int]:
+        if any(i < 0 for i in ids):
+            raise ValueError("token ids must be >= 0")
+        return ids
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def salt(self) -> str:
+        """The tenant's cache salt (``extra_key`` wins, as in SGLang)."""
+        return self.extra_key or self.cache_salt or ""
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        """The completion-length cap the client asked for, or None for "up to the context"."""
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatCompletionRequest:
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs are not supported by this server; remove 'logprobs'")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (the current OpenAI name) wins over ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingRequest):
+    """``POST /v1/completions`` (one prompt: a string or a list of token ids)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: TokenCount | None = 16  # OpenAI's default for text completions
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, prompt: Any) -> str | list[int]:
+        # A batch of one is the same request as its single prompt.
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise ValueError(
+                    "only one prompt per request is supported; send a batch as separate requests"
+                )
+            prompt = prompt[0]
+        if isinstance(prompt, list) and any(i < 0 for i in prompt):
+            raise ValueError("token ids must be >= 0")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        if self.logprobs:
+            raise ValueError("logprobs are not supported by this server; remove 'logprobs'")
+        if self.echo:
+            raise ValueError("echo is not supported by this server; remove 'echo'")
+        if self.suffix:
+            raise ValueError("suffix is not supported by this server; remove 'suffix'")
+        return self
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Parse a JSON request body into ``model``; :class:`RequestError` says what is wrong."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _request_error(exc) from None
+
+
+def _request_error(exc: ValidationError) -> RequestError:
+    """Turn pydantic's first complaint into one readable sentence naming the field."""
+    error = exc.errors(include_url=False)[0]
+    # Drop pydantic's union-branch names (``str``, ``list[...]``) from the location.
+    loc = [str(p) for p in error["loc"] if not _is_type_tag(p)]
+    param = ".".join(loc) or None
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        message = "this field is required"
+    elif error["type"] == "literal_error" and loc and loc[-1] == "role":
+        message = f"unknown role {error.get('input')!r}; {message[0].lower()}{message[1:]}"
+    return RequestError(f"{param}: {message}" if param else message, param=param)
+
+
+def _is_type_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in {"str", "int", "none"} or "[" in part)

@@ -1,0 +1,120 @@
+"""What every route of a worker shares: the engine, text tools, config and metrics.
+
+It also holds the request checks that need the model (served name, context length,
+vocabulary), so the OpenAI and the native routes apply the same rules.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol.fields import REQUEST_ID_HEADER
+from protocol.openai_requests import RequestError
+from workers.engine.api import Engine, GenerateRequest, SamplingParams
+from workers.generation import Detokenizer
+from workers.metrics import ServerMetrics
+
+
+class TextTokenizer(Protocol):
+    """The tokenizer surface the server needs."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (special-token markup such as ``<|im_start|>`` parsed)."""
+        ...
+
+    def detokenizer(self) -> Detokenizer:
+        """A fresh incremental detokenizer for one request."""
+        ...
+
+
+#: Renders chat messages (``{"role", "content"}`` dicts) into the prompt text, generation prompt included.
+ChatTemplate = Callable[[list[dict[str, Any]]], str]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP layer behaves, filled by the composition root."""
+
+    #: Reported verbatim by GET /server_info (e.g. the launch arguments).
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    #: Seconds GET /health_generate waits for its one-token generation.
+    health_timeout_s: float = 30.0
+
+
+@dataclass
+class WorkerContext:
+    """The engine and everything needed to turn HTTP requests into engine requests."""
+
+    engine: Engine
+    tokenizer: TextTokenizer
+    chat_template: ChatTemplate
+    config: ServerConfig
+    metrics: ServerMetrics
+
+    def check_model(self, name: str) -> None:
+        """Raise a 404 ``model_not_found`` unless ``name`` is the served model id."""
+        if name != self.engine.model_id:
+            raise RequestError(
+                f"the model {name!r} does not exist on this worker; it serves {self.engine.model_id!r}",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+
+    def engine_request(
+        self,
+        rid: str,
+        input_ids: Sequence[int],
+        *,
+        max_tokens: int | None,
+        sampling: Mapping[str, Any],
+        cache_salt: str,
+        param: str,
+    ) -> GenerateRequest:
+        """Check the prompt against the model and build the engine request.
+
+        ``max_tokens`` None means "as many as the context leaves"; ``param`` names the
+        request field holding the prompt, for error messages.
+        """
+        context = self.engine.context_length
+        n = len(input_ids)
+        if n == 0:
+            raise RequestError("the prompt is empty", param=param)
+        if any(not 0 <= i < self.tokenizer.vocab_size for i in input_ids):
+            raise RequestError(
+                f"token ids must be in [0, {self.tokenizer.vocab_size}) for this model", param=param
+            )
+        if n >= context:
+            raise RequestError(
+                f"the prompt is {n} tokens but the model's context is {context} tokens; "
+                "shorten the prompt",
+                param=param,
+            )
+        room = context - n
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            raise RequestError(
+                f"max_tokens={max_tokens} plus the {n}-token prompt exceeds the model's "
+                f"{context}-token context; ask for at most {room} tokens",
+                param="max_tokens",
+            )
+        if sampling.get("min_tokens", 0) > max_tokens:
+            raise RequestError(
+                f"min_tokens={sampling['min_tokens']} exceeds max_tokens={max_tokens}",
+                param="min_tokens",
+            )
+        params = SamplingParams(max_tokens=max_tokens, **sampling)
+        return GenerateRequest(
+            rid=rid, input_ids=tuple(input_ids), sampling=params, cache_salt=cache_salt
+        )
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The caller's ``x-request-id``, or a fresh one."""
+    return headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex

@@ -1,0 +1,176 @@
+"""The OpenAI-compatible surface: chat completions, text completions and the model list."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from protocol.fields import REQUEST_ID_HEADER
+from protocol.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestError,
+    parse_body,
+)
+from workers.context import WorkerContext, request_id
+from workers.generation import TextDelta, collect, generate_text
+from workers.streaming import DONE, sse, sse_response, until_disconnect
+
+#: OpenAI object names of the two kinds of completion.
+_CHAT, _TEXT = "chat.completion", "text_completion"
+
+
+def openai_routes(ctx: WorkerContext) -> list[Route]:
+    """The routes, bound to ``ctx``."""
+
+    async def chat_completions(request: Request) -> Response:
+        body = parse_body(ChatCompletionRequest, await request.body())
+        ctx.check_model(body.model)
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        try:
+            prompt = ctx.chat_template(messages)
+        except Exception as exc:
+            # Templates raise on conversations they cannot render (e.g. role order).
+            raise RequestError(
+                f"the chat template rejected the messages: {exc}", param="messages"
+            ) from None
+        ids = ctx.tokenizer.encode(prompt)
+        return await _complete(
+            ctx, request, body, ids, body.requested_max_tokens(), _CHAT, "messages"
+        )
+
+    async def completions(request: Request) -> Response:
+        body = parse_body(CompletionRequest, await request.body())
+        ctx.check_model(body.model)
+        ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
+        return await _complete(
+            ctx, request, body, ids, body.requested_max_tokens(), _TEXT, "prompt"
+        )
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": ctx.engine.model_id,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "kvgate",
+                        "max_model_len": ctx.engine.context_length,
+                    }
+                ],
+            }
+        )
+
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+    ]
+
+
+async def _complete(
+    ctx: WorkerContext,
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    input_ids: list[int],
+    max_tokens: int | None,
+    kind: str,
+    param: str,
+) -> Response:
+    """Run one completion, streamed or not; ``kind`` is the OpenAI object name."""
+    rid = request_id(request.headers)
+    gen = ctx.engine_request(
+        rid,
+        input_ids,
+        max_tokens=max_tokens,
+        sampling={
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": max(body.top_k, 0),
+            "seed": body.seed,
+            "min_tokens": body.min_tokens,
+            "stop_token_ids": tuple(body.stop_token_ids),
+            "ignore_eos": body.ignore_eos,
+        },
+        cache_salt=body.salt,
+        param=param,
+    )
+    shape = _Shape(kind, f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}", ctx.engine.model_id)
+    headers = {REQUEST_ID_HEADER: rid}
+
+    def deltas() -> AsyncIterator[TextDelta]:
+        detok = ctx.tokenizer.detokenizer()
+        return generate_text(ctx.engine, gen, detok, body.stop_strings, ctx.metrics)
+
+    if body.stream:
+        return sse_response(shape.stream(deltas(), body.include_usage), headers)
+    final = await until_disconnect(request, lambda: collect(deltas()))
+    if final is None:  # the client is gone; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(shape.whole(final), headers=headers)
+
+
+class _Shape:
+    """Renders generated text as OpenAI chat or text-completion objects."""
+
+    def __init__(self, kind: str, response_id: str, model: str) -> None:
+        self.kind = kind
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def whole(self, final: TextDelta) -> dict[str, Any]:
+        """The non-streaming response."""
+        if self.kind == _CHAT:
+            choice = {"message": {"role": "assistant", "content": final.text}}
+        else:
+            choice = {"text": final.text}
+        choice |= {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
+        return self._envelope(self.kind, [choice]) | {"usage": final.usage.openai()}
+
+    def chunk(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        """One streamed chunk; ``text`` None is the chat stream's opening role chunk."""
+        if self.kind == _CHAT:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
+            if text:
+                delta["content"] = text
+            choice = {"delta": delta}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"text": text or ""}
+            obj = _TEXT
+        choice |= {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope(obj, [choice])
+
+    async def stream(
+        self, deltas: AsyncIterator[TextDelta], include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """SSE events of a streamed completion, ending with ``data: [DONE]``."""
+        usage_field = {"usage": None} if include_usage else {}
+        if self.kind == _CHAT:
+            yield sse(self.chunk(None, None) | usage_field)
+        async with aclosing(deltas):
+            async for delta in deltas:
+                if delta.text or delta.finish_reason:
+                    yield sse(self.chunk(delta.text, delta.finish_reason) | usage_field)
+                if delta.finish_reason and include_usage:
+                    obj = "chat.completion.chunk" if self.kind == _CHAT else _TEXT
+                    yield sse(self._envelope(obj, []) | {"usage": delta.usage.openai()})
+        yield DONE
