@@ -15,6 +15,7 @@ import click
 COMMANDS: dict[str, str] = {
     "config": "kvgate.cmd_config:config",
     "migrate": "kvgate.cmd_migrate:migrate",
+    "bench": "kvgate.cmd_bench:bench",
     "admin": "kvgate.cmd_admin:admin",
 }
 
@@ -22,11 +23,14 @@ COMMANDS: dict[str, str] = {
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
+    #: this group's subcommand table; a nested group (e.g. `kvgate bench`) sets its own
+    table: dict[str, str] = COMMANDS
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(self.table)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = self.table.get(cmd_name)
         if target is None:
             return None
         module, attr = target.split(":")
