@@ -59,3 +59,15 @@ def nas_dir(tmp_path: Path) -> Path:
     path = tmp_path / "nas"
     path.mkdir()
     return path
+
+
+#: Models downloaded by tests, kept across sessions (gitignored with the rest of .kvgate/).
+TEST_MODELS_DIR = Path(__file__).resolve().parent.parent / ".kvgate" / "test-cache" / "models"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The verified SmolLM2-135M-Instruct GGUF, downloaded once into the persistent test cache."""
+    from kvgate.models import ensure_model
+
+    return ensure_model(TEST_MODELS_DIR, "smollm2-135m-instruct")
