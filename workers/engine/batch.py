@@ -1,0 +1,122 @@
+"""One forward step's input: the new tokens of several sequences and where their KV lives.
+
+The scheduler says, per sequence, which tokens are new, at which position they start, the
+sequence's page table and whether it wants logits. :func:`build_batch` turns that into the
+few index tensors the model needs, built once per step and shared by every layer:
+prefill chunks (several new tokens, attending to the cached prefix and causally to
+themselves) come first, then single-token rows, which attend in one padded batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """New tokens of one sequence for this step."""
+
+    token_ids: Sequence[int]
+    #: position of the first new token (= tokens already in the KV cache)
+    start: int
+    #: pool pages covering positions ``0 .. start + len(token_ids) - 1``
+    pages: Sequence[int]
+    want_logits: bool = True
+
+
+@dataclass(frozen=True)
+class PrefillRows:
+    """A multi-token chunk: rows ``[row, row + n)`` of the batch."""
+
+    row: int
+    n: int
+    #: pool slots of positions ``0 .. start + n - 1``
+    ctx_slots: torch.Tensor
+    #: ``[group * n, ctx]`` True where attention is allowed (query heads folded into rows)
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """Index tensors for one forward step (all on the model's device)."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    write_slots: torch.Tensor  # [T] pool slot receiving each token's K and V
+    prefill: list[PrefillRows]
+    decode_row: int  # rows [decode_row, T) are single-token sequences
+    decode_slots: torch.Tensor | None  # [B, ctx_max] pool slots, padded
+    decode_mask: torch.Tensor | None  # [B, 1, 1, ctx_max] True for real positions
+    logit_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _slots(pages: Sequence[int], n: int, page_size: int, offsets: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(pages, dtype=torch.long)
+    return (table[:, None] * page_size + offsets).view(-1)[:n]
+
+
+def build_batch(
+    chunks: Sequence[SeqChunk], *, page_size: int, group: int, device: torch.device
+) -> tuple[ForwardBatch, list[int]]:
+    """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first)."""
+    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
+    offsets = torch.arange(page_size)
+    ids: list[int] = []
+    positions: list[torch.Tensor] = []
+    writes: list[torch.Tensor] = []
+    prefill: list[PrefillRows] = []
+    logit_rows: list[int] = []
+    decode: list[int] = []
+    for i in order:
+        c = chunks[i]
+        n = len(c.token_ids)
+        row = len(ids)
+        ids.extend(c.token_ids)
+        end = c.start + n
+        if c.want_logits:
+            logit_rows.append(row + n - 1)
+        if n == 1:
+            decode.append(i)
+            positions.append(torch.tensor([c.start]))
+            continue
+        ctx = _slots(c.pages, end, page_size, offsets)
+        positions.append(torch.arange(c.start, end))
+        writes.append(ctx[c.start :])
+        # query i (at position start + i) sees keys 0 .. start + i
+        mask = torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]
+        prefill.append(PrefillRows(row, n, ctx.to(device), mask.repeat(group, 1).to(device)))
+    decode_row = len(ids) - len(decode)
+    decode_slots = decode_mask = None
+    if decode:
+        ctx_max = max(chunks[i].start + 1 for i in decode)
+        width = -(-ctx_max // page_size)
+        table = torch.zeros(len(decode), width, dtype=torch.long)
+        lens = torch.empty(len(decode), dtype=torch.long)
+        for j, i in enumerate(decode):
+            c = chunks[i]
+            p = c.pages[:width]
+            table[j, : len(p)] = torch.tensor(p)
+            lens[j] = c.start + 1
+        slots = (table[:, :, None] * page_size + offsets).view(len(decode), -1)[:, :ctx_max]
+        writes.append(slots[torch.arange(len(decode)), lens - 1])
+        decode_mask = (torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None, :]
+        decode_slots = slots.to(device)
+        decode_mask = decode_mask.to(device)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long).to(device),
+        positions=torch.cat(positions).to(device),
+        write_slots=torch.cat(writes).to(device),
+        prefill=prefill,
+        decode_row=decode_row,
+        decode_slots=decode_slots,
+        decode_mask=decode_mask,
+        logit_rows=torch.tensor(logit_rows, dtype=torch.long).to(device),
+    )
+    return batch, order

@@ -1,0 +1,226 @@
+"""``TorchEngine``: the built-in engine behind :class:`workers.engine.api.Engine`.
+
+The model, pool, radix cache and scheduler live on one background thread that loops
+"apply queued commands, run one step" (torch releases the GIL inside its kernels, so the
+event loop stays responsive). ``generate`` hands the request to that thread and returns an
+async iterator fed with ``loop.call_soon_threadsafe``; closing it early aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from workers.engine.api import EngineLoad, GenerateRequest, TokenEvent
+from workers.engine.config import ModelConfig
+from workers.engine.kv_pool import KVPool
+from workers.engine.model import LlamaModel
+from workers.engine.offload import KVOffload, NoOffload
+from workers.engine.radix import RadixCache
+from workers.engine.scheduler import EngineStats, Scheduler
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Knobs of the built-in engine (the composition root fills these from its settings)."""
+
+    #: ``auto`` picks ``cuda`` when torch sees a GPU, else ``cpu``
+    device: str = "auto"
+    #: ``auto`` is float32 on CPU and bfloat16 on CUDA
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: size of the device KV pool (the "VRAM" tier) in bytes
+    kv_pool_bytes: int = 256 * 2**20
+    #: tokens per KV page
+    page_size: int = 16
+    #: most requests decoding at once
+    max_batch: int = 32
+    #: most tokens (prefill chunks plus decode tokens) in one forward step
+    token_budget: int = 2048
+    #: cap on prompt plus output tokens; 0 means the model's ``max_position_embeddings``
+    context_length: int = 0
+
+    def resolved(self) -> tuple[torch.device, torch.dtype]:
+        """The concrete device and dtype these options ask for."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dev = torch.device(device)
+        if self.dtype == "auto":
+            return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+        return dev, _DTYPES[self.dtype]
+
+
+class TorchEngine:
+    """A torch Llama with paged KV, prefix cache and continuous batching on its own thread."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        state_dict: Mapping[str, torch.Tensor],
+        options: EngineOptions | None = None,
+        *,
+        model_id: str = "model",
+        offload: KVOffload | None = None,
+    ) -> None:
+        options = options or EngineOptions()
+        if options.max_batch < 1 or options.token_budget < 1:
+            raise ValueError("max_batch and token_budget must be at least 1")
+        device, dtype = options.resolved()
+        self.model_id = model_id
+        self.options = options
+        self.context_length = options.context_length or config.max_position_embeddings
+        self.eos_token_ids = tuple(config.eos_token_ids)
+        self.vocab_size = config.vocab_size
+        self.model = LlamaModel(config, state_dict, device=device, dtype=dtype)
+        self.pool = KVPool(
+            config,
+            pool_bytes=options.kv_pool_bytes,
+            page_size=options.page_size,
+            dtype=dtype,
+            device=device,
+        )
+        self.offload = offload or NoOffload()
+        self.cache = RadixCache(self.pool, self.offload.on_evict)
+        self.scheduler = Scheduler(
+            self.model,
+            self.pool,
+            self.cache,
+            self.offload,
+            emit=self._emit,
+            max_batch=options.max_batch,
+            token_budget=options.token_budget,
+            context_length=self.context_length,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[TokenEvent]]] = {}
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()  # held while the thread touches scheduler state
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"engine-{model_id}", daemon=True)
+        self._thread.start()
+
+    # --- the Engine protocol ------------------------------------------------------------------
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Validate ``request`` now (ValueError says what is wrong) and stream its events."""
+        self._validate(request)
+        return self._stream(request)
+
+    def abort(self, rid: str) -> bool:
+        with self._cond:
+            if rid not in self._streams:
+                return False
+            self._inbox.append(("abort", rid))
+            self._cond.notify()
+        return True
+
+    def flush_cache(self) -> bool:
+        with self._step_lock:
+            return self.scheduler.flush_cache()
+
+    def load(self) -> EngineLoad:
+        with self._cond:
+            queued = sum(1 for kind, _ in self._inbox if kind == "add")
+        return EngineLoad(
+            running=len(self.scheduler.running),
+            queued=queued + len(self.scheduler.waiting),
+            pool_used_pages=self.pool.used_pages,
+            pool_total_pages=self.pool.num_pages,
+            cached_pages=self.cache.cached_pages,
+        )
+
+    # --- extras for the server and tests --------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """A copy of the counters (prefill/decode tokens and seconds, cache, preemptions)."""
+        with self._step_lock:
+            s = self.scheduler.stats
+            return replace(s, cached_tokens_by_tier=dict(s.cached_tokens_by_tier))
+
+    def close(self) -> None:
+        """Stop the engine thread; running requests get no further events."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    # --- internals ------------------------------------------------------------------------------
+    def _validate(self, request: GenerateRequest) -> None:
+        n = len(request.input_ids)
+        if n == 0:
+            raise ValueError("input_ids is empty: send at least one prompt token")
+        if n >= self.context_length:
+            raise ValueError(
+                f"the prompt has {n} tokens but the context holds {self.context_length}; shorten it"
+            )
+        if min(request.input_ids) < 0 or max(request.input_ids) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        pages = -(-(n + 1) // self.pool.page_size)
+        if pages > self.pool.num_pages:
+            raise ValueError(
+                f"the prompt needs {pages} KV pages but the pool holds {self.pool.num_pages}; "
+                "shorten it or raise kv_pool_bytes"
+            )
+
+    async def _stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        with self._cond:
+            if request.rid in self._streams:
+                raise ValueError(f"request id {request.rid!r} is already in use")
+            self._streams[request.rid] = (asyncio.get_running_loop(), queue)
+            self._inbox.append(("add", request))
+            self._cond.notify()
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:
+                self.abort(request.rid)
+
+    def _emit(self, event: TokenEvent) -> None:
+        with self._cond:
+            target = (
+                self._streams.pop(event.rid) if event.finished else self._streams.get(event.rid)
+            )
+        if target is None:
+            return
+        loop, queue = target
+        # A closed event loop raises RuntimeError: nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._inbox and not self.scheduler.has_work:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                commands = list(self._inbox)
+                self._inbox.clear()
+            with self._step_lock:
+                try:
+                    for kind, arg in commands:
+                        if kind == "add":
+                            self.scheduler.add(arg)  # type: ignore[arg-type]
+                        else:
+                            self.scheduler.abort(arg)  # type: ignore[arg-type]
+                    self.scheduler.step()
+                except Exception:
+                    # A failed step leaves batch state unknown: end everything, keep serving.
+                    log.exception("engine step failed; aborting all requests")
+                    self.scheduler.abort_all()

@@ -1,0 +1,168 @@
+"""A Llama-family decoder in plain torch, reading and writing its KV in the paged pool.
+
+Weights arrive as a Hugging Face ``LlamaForCausalLM`` state dict and are fused at load
+(q/k/v into one matrix, gate/up into another) so that each layer runs four matmuls on the
+whole step's tokens at once. Attention uses ``scaled_dot_product_attention`` with the
+query heads of each KV head folded into the query axis: grouped-query attention without
+repeating K and V. The model holds tensors, not ``nn.Module``s, to keep per-step Python
+overhead to a handful of ops per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from workers.engine.batch import ForwardBatch
+from workers.engine.config import ModelConfig
+from workers.engine.kv_pool import KVPool
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Per-pair inverse frequencies, honouring ``rope_theta`` and ``rope_scaling``."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3 are)")
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+class LlamaModel:
+    """Forward pass over a :class:`ForwardBatch`, KV kept in a :class:`KVPool`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} attention heads do not split over {self.kv_heads}")
+        self.group = self.heads // self.kv_heads
+
+        def w(name: str) -> torch.Tensor:
+            if name not in state_dict:
+                raise KeyError(f"weight {name!r} missing from the state dict")
+            return state_dict[name].to(device=self.device, dtype=dtype)
+
+        def fused(*names: str) -> torch.Tensor:
+            return torch.cat([w(n) for n in names], dim=0).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                _Layer(
+                    attn_norm=w(p + "input_layernorm.weight"),
+                    qkv=fused(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                    o=w(p + "self_attn.o_proj.weight"),
+                    mlp_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.norm = w("model.norm.weight")
+        if config.tie_word_embeddings or "lm_head.weight" not in state_dict:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = w("lm_head.weight")
+        freqs = torch.outer(
+            torch.arange(config.max_position_embeddings, dtype=torch.float32),
+            rope_inv_freq(config),
+        )
+        self.cos = freqs.cos().to(device=self.device, dtype=dtype)
+        self.sin = freqs.sin().to(device=self.device, dtype=dtype)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, weight.shape, weight, self.config.rms_norm_eps)
+
+    def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate ``qk`` ([T, heads, head_dim], a view into the qkv buffer) in place."""
+        half = self.head_dim // 2
+        x1, x2 = qk[..., :half], qk[..., half:]
+        r1 = x1 * cos - x2 * sin
+        x2.mul_(cos).addcmul_(x1, sin)
+        x1.copy_(r1)
+
+    def _attention(
+        self, qkv: torch.Tensor, batch: ForwardBatch, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention output ``[T, heads * head_dim]`` for the step's queries."""
+        H, K, D, g = self.heads, self.kv_heads, self.head_dim, self.group
+        q = qkv[:, : H * D]
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        for p in batch.prefill:
+            ctx = slots.index_select(0, p.ctx_slots)  # [L, 2, K, D]
+            k = ctx[:, 0].transpose(0, 1)[None]  # [1, K, L, D]
+            v = ctx[:, 1].transpose(0, 1)[None]
+            qp = q[p.row : p.row + p.n].view(p.n, K, g, D).permute(1, 2, 0, 3)
+            qp = qp.reshape(1, K, g * p.n, D)
+            o = F.scaled_dot_product_attention(qp, k, v, attn_mask=p.mask)
+            out[p.row : p.row + p.n] = o.view(K, g, p.n, D).permute(2, 0, 1, 3).reshape(p.n, -1)
+        if batch.decode_slots is not None:
+            B, L = batch.decode_slots.shape
+            ctx = slots.index_select(0, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
+            k = ctx[:, :, 0].transpose(1, 2)  # [B, K, L, D]
+            v = ctx[:, :, 1].transpose(1, 2)
+            qd = q[batch.decode_row :].view(B, K, g, D)
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask)
+            out[batch.decode_row :] = o.reshape(B, H * D)
+        return out
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Run one step; returns float32 logits ``[len(batch.logit_rows), vocab]``."""
+        H, K, D = self.heads, self.kv_heads, self.head_dim
+        T = batch.num_tokens
+        cos = self.cos[batch.positions][:, None, :]  # [T, 1, D/2] broadcast over heads
+        sin = self.sin[batch.positions][:, None, :]
+        h = self.embed[batch.input_ids]
+        for i, layer in enumerate(self.layers):
+            x = self._norm(h, layer.attn_norm)
+            qkv = F.linear(x, layer.qkv)
+            self._rope(qkv[:, : (H + K) * D].view(T, H + K, D), cos, sin)
+            slots = pool.layer_slots(i)
+            slots.index_copy_(0, batch.write_slots, qkv[:, H * D :].view(T, 2, K, D))
+            h = h + F.linear(self._attention(qkv, batch, slots), layer.o)
+            gu = F.linear(self._norm(h, layer.mlp_norm), layer.gate_up)
+            inter = gu.shape[-1] // 2
+            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], layer.down)
+        last = self._norm(h[batch.logit_rows], self.norm)
+        return F.linear(last, self.lm_head).float()

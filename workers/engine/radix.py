@@ -1,0 +1,211 @@
+"""Radix prefix cache over KV pages, one tree per namespace (a tenant's cache salt).
+
+Each edge is one full page of ``page_size`` token ids and each node owns the pool page that
+holds those tokens' KV, so a path from a namespace root spells a cached prefix. Pages
+in use by a running request are pinned by reference counts along their path; only
+unreferenced leaves are evicted, least recently used first, and handed to an eviction hook
+(tiering) together with their full token chain and their KV. Two namespaces never share a
+node, so one tenant's prompt can neither hit nor time another's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from workers.engine.kv_pool import KVPool
+from workers.engine.offload import EvictedPage
+
+
+class _Node:
+    __slots__ = ("children", "key", "last_access", "namespace", "page", "parent", "ref")
+
+    def __init__(
+        self, namespace: str, parent: _Node | None, key: tuple[int, ...], page: int | None
+    ) -> None:
+        self.namespace = namespace
+        self.parent = parent
+        self.key = key
+        self.page = page
+        self.children: dict[tuple[int, ...], _Node] = {}
+        self.ref = 0
+        self.last_access = 0
+
+    def path(self) -> Iterator[_Node]:
+        """This node and its ancestors up to (not including) the namespace root."""
+        node: _Node | None = self
+        while node is not None and node.page is not None:
+            yield node
+            node = node.parent
+
+
+#: Opaque handle to a cached prefix; pass it back to :meth:`RadixCache.lock`/``unlock``.
+PrefixHandle = _Node
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The longest cached prefix: its pages in order and a handle for pinning them."""
+
+    node: PrefixHandle
+    pages: list[int]
+
+
+class RadixCache:
+    """Page-granular prefix tree owning the pool pages it caches."""
+
+    def __init__(
+        self, pool: KVPool, on_evict: Callable[[list[EvictedPage]], None] | None = None
+    ) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.on_evict = on_evict
+        self._roots: dict[str, _Node] = {}
+        self._clock = itertools.count(1)
+        self._pages = 0
+        self._pinned = 0  # nodes with ref > 0
+        self.evicted_pages = 0
+
+    # --- size ---------------------------------------------------------------------------------
+    @property
+    def cached_pages(self) -> int:
+        """Pages held by the tree, pinned or not."""
+        return self._pages
+
+    @property
+    def evictable_pages(self) -> int:
+        """Pages that :meth:`evict` could free now."""
+        return self._pages - self._pinned
+
+    # --- lookup and insert ----------------------------------------------------------------------
+    def _root(self, namespace: str) -> _Node:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _Node(namespace, None, (), None)
+        return root
+
+    def _keys(self, token_ids: Sequence[int], n_pages: int) -> Iterator[tuple[int, ...]]:
+        ps = self.page_size
+        for i in range(n_pages):
+            yield tuple(token_ids[i * ps : (i + 1) * ps])
+
+    def match(
+        self, namespace: str, token_ids: Sequence[int], max_pages: int | None = None
+    ) -> PrefixMatch:
+        """Longest cached run of full pages at the start of ``token_ids`` (at most ``max_pages``)."""
+        n = len(token_ids) // self.page_size
+        if max_pages is not None:
+            n = min(n, max_pages)
+        node = self._root(namespace)
+        pages: list[int] = []
+        now = next(self._clock)
+        for key in self._keys(token_ids, n):
+            child = node.children.get(key)
+            if child is None:
+                break
+            child.last_access = now
+            node = child
+            pages.append(child.page)  # type: ignore[arg-type]
+        return PrefixMatch(node, pages)
+
+    def insert(
+        self, namespace: str, token_ids: Sequence[int], pages: Sequence[int]
+    ) -> tuple[PrefixHandle, list[int]]:
+        """Cache ``pages`` as the KV of the full pages of ``token_ids``.
+
+        Where the tree already holds a page for a position, it keeps its own; the returned
+        list says which page the tree holds at each position, so the caller frees the pages
+        of its own that were not adopted. Returns the deepest node too.
+        """
+        if len(token_ids) < len(pages) * self.page_size:
+            raise ValueError(f"{len(pages)} pages need {len(pages) * self.page_size} tokens")
+        node = self._root(namespace)
+        held: list[int] = []
+        now = next(self._clock)
+        for key, page in zip(self._keys(token_ids, len(pages)), pages, strict=True):
+            child = node.children.get(key)
+            if child is None:
+                child = node.children[key] = _Node(namespace, node, key, page)
+                self._pages += 1
+            child.last_access = now
+            held.append(child.page)  # type: ignore[arg-type]
+            node = child
+        return node, held
+
+    # --- pinning --------------------------------------------------------------------------------
+    def lock(self, node: PrefixHandle) -> None:
+        """Pin ``node`` and its ancestors: their pages cannot be evicted until :meth:`unlock`."""
+        for n in node.path():
+            if n.ref == 0:
+                self._pinned += 1
+            n.ref += 1
+
+    def unlock(self, node: PrefixHandle) -> None:
+        """Undo one :meth:`lock` of ``node``."""
+        for n in node.path():
+            n.ref -= 1
+            if n.ref == 0:
+                self._pinned -= 1
+
+    # --- eviction -------------------------------------------------------------------------------
+    def _evictable_leaves(self) -> list[tuple[int, int, _Node]]:
+        out: list[tuple[int, int, _Node]] = []
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.page is not None and not node.children and node.ref == 0:
+                out.append((node.last_access, id(node), node))
+        return out
+
+    def _chain(self, node: _Node) -> tuple[int, ...]:
+        keys = [n.key for n in node.path()]
+        return tuple(t for key in reversed(keys) for t in key)
+
+    def evict(self, n_pages: int, *, offload: bool = True) -> int:
+        """Free up to ``n_pages`` unreferenced pages, least recently used leaves first.
+
+        With ``offload`` (and a hook) the evicted pages' token chains and KV go to the hook
+        in one batch first. Returns the number of pages freed.
+        """
+        heap = self._evictable_leaves()
+        heapq.heapify(heap)
+        victims: list[_Node] = []
+        chains: list[tuple[int, ...]] = []
+        want_chains = offload and self.on_evict is not None
+        while heap and len(victims) < n_pages:
+            _, _, node = heapq.heappop(heap)
+            if want_chains:
+                chains.append(self._chain(node))
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            victims.append(node)
+            if parent.page is None:
+                if not parent.children:
+                    del self._roots[parent.namespace]
+            elif not parent.children and parent.ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        if not victims:
+            return 0
+        pages = [v.page for v in victims]
+        if want_chains:
+            kv = self.pool.read_pages(pages)  # type: ignore[arg-type]
+            assert self.on_evict is not None
+            self.on_evict(
+                [
+                    EvictedPage(v.namespace, chain, kv[i])
+                    for i, (v, chain) in enumerate(zip(victims, chains, strict=True))
+                ]
+            )
+        self.pool.free(pages)  # type: ignore[arg-type]
+        self._pages -= len(victims)
+        if offload:
+            self.evicted_pages += len(victims)
+        return len(victims)
+
+    def flush(self) -> int:
+        """Drop every unreferenced page without offloading it; returns how many."""
+        return self.evict(self._pages, offload=False)

@@ -1,0 +1,336 @@
+"""Continuous batching: which requests run this step, with which tokens, in which pages.
+
+Every step the scheduler admits queued requests while the pool has room (device prefix
+match first, then whatever the lower tiers hold, then pages for the rest), gives each
+decoding request one token and fills the rest of the token budget with prefill chunks,
+runs one forward pass, samples and emits. When a decoding request needs a page and none
+can be freed by eviction, the youngest running request is preempted: its pages are freed
+and it is requeued to recompute (prompt plus what it has generated so far). The oldest
+request therefore always makes progress, and a sequence too long for the whole pool ends
+with ``length`` instead of waiting forever.
+
+Not thread-safe: one thread (the engine's) calls everything here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from workers.engine.api import TIERS, FinishReason, GenerateRequest, TokenEvent
+from workers.engine.batch import SeqChunk, build_batch
+from workers.engine.kv_pool import KVPool
+from workers.engine.model import LlamaModel
+from workers.engine.offload import KVOffload
+from workers.engine.radix import PrefixHandle, RadixCache
+from workers.engine.sampling import RequestSampler, sample
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters since start (for /metrics). Mixed steps split time by token share."""
+
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    cached_tokens: int = 0
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    evicted_pages: int = 0
+    preemptions: int = 0
+    finished_requests: int = 0
+    steps: int = 0
+
+
+@dataclass
+class _Request:
+    rid: str
+    namespace: str
+    tokens: list[int]  # prompt, then generated tokens
+    prompt_len: int
+    sampler: RequestSampler
+    seq: int  # admission order; the youngest is preempted first
+    pages: list[int] = field(default_factory=list)
+    shared: int = 0  # pages[:shared] belong to the radix cache (pinned through ``prefix``)
+    prefix: PrefixHandle | None = None
+    computed: int = 0  # tokens whose KV is in ``pages``
+    cached_tokens: int = 0
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
+    admitted_once: bool = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+class Scheduler:
+    """Admission, batching, preemption and bookkeeping for one model and one pool."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: KVPool,
+        cache: RadixCache,
+        offload: KVOffload,
+        *,
+        emit: Callable[[TokenEvent], None],
+        max_batch: int,
+        token_budget: int,
+        context_length: int,
+        eos_token_ids: Sequence[int],
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.cache = cache
+        self.offload = offload
+        self.emit = emit
+        self.max_batch = max_batch
+        self.token_budget = token_budget
+        self.context_length = context_length
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.page_size = pool.page_size
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.stats = EngineStats()
+        self._seq = 0
+
+    # --- requests in and out --------------------------------------------------------------------
+    def add(self, request: GenerateRequest) -> None:
+        """Queue a request (validated by the engine)."""
+        sampler = RequestSampler(request.sampling, self.eos_token_ids, self.model.device)
+        req = _Request(
+            rid=request.rid,
+            namespace=request.cache_salt,
+            tokens=list(request.input_ids),
+            prompt_len=len(request.input_ids),
+            sampler=sampler,
+            seq=0,
+        )
+        if request.sampling.max_tokens <= 0:
+            self._emit(req, [], "length")
+            return
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        """Drop ``rid`` wherever it is, freeing its pages without caching them."""
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._emit(req, [], "abort")
+                return True
+        for req in self.running:
+            if req.rid == rid:
+                self._release(req, cache=False)
+                self.running.remove(req)
+                self._emit(req, [], "abort")
+                return True
+        return False
+
+    def abort_all(self) -> None:
+        """End every request (used when a step failed and state cannot be trusted)."""
+        for req in list(self.running) + list(self.waiting):
+            self.abort(req.rid)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def _emit(self, req: _Request, new: list[int], reason: FinishReason | None) -> None:
+        self.emit(
+            TokenEvent(
+                rid=req.rid,
+                token_ids=new,
+                finished=reason is not None,
+                finish_reason=reason,
+                prompt_tokens=req.prompt_len,
+                completion_tokens=req.generated,
+                cached_tokens=req.cached_tokens,
+                cached_by_tier=dict(req.cached_by_tier),
+            )
+        )
+
+    # --- pages ------------------------------------------------------------------------------------
+    def _reserve(self, n: int) -> bool:
+        """Make ``n`` pages free, evicting cached ones if needed."""
+        short = n - self.pool.free_pages
+        if short > 0:
+            self.cache.evict(short)
+        return self.pool.free_pages >= n
+
+    def _release(self, req: _Request, *, cache: bool) -> None:
+        """Give back ``req``'s pages: cache its full computed pages or free them all."""
+        own = req.pages[req.shared :]
+        if cache:
+            n_full = req.computed // self.page_size
+            _, held = self.cache.insert(
+                req.namespace, req.tokens[: n_full * self.page_size], req.pages[:n_full]
+            )
+            adopted = set(held[req.shared :])
+            own = [p for p in own if p not in adopted]
+        self.pool.free(own)
+        if req.prefix is not None:
+            self.cache.unlock(req.prefix)
+        req.pages, req.shared, req.prefix, req.computed = [], 0, None, 0
+
+    def _pages_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.page_size)
+
+    # --- admission --------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        ps = self.page_size
+        while self.waiting and len(self.running) < self.max_batch:
+            req = self.waiting[0]
+            # leave the last token to compute: its logits pick the next token
+            reusable = (len(req.tokens) - 1) // ps
+            match = self.cache.match(req.namespace, req.tokens, reusable)
+            self.cache.lock(match.node)
+            need = self._pages_for(len(req.tokens)) - len(match.pages)
+            # keep a page of headroom per running request so that admission does not
+            # immediately force preemption
+            if not self._reserve(need + len(self.running)):
+                self.cache.unlock(match.node)
+                if not self.running and not self._reserve(need):
+                    self.waiting.popleft()
+                    self._emit(req, [], "length")  # longer than the whole pool
+                    continue
+                return
+            self.waiting.popleft()
+            own = self.pool.alloc(need)
+            req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
+            tiers = ["device"] * len(match.pages)
+            tiers += self._load_lower(req, reusable)
+            req.computed = req.shared * ps
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = req.computed
+                for tier in tiers:
+                    req.cached_by_tier[tier] = req.cached_by_tier.get(tier, 0) + ps
+                self.stats.cached_tokens += req.cached_tokens
+                for tier, n in req.cached_by_tier.items():
+                    self.stats.cached_tokens_by_tier[tier] += n
+            self._seq += 1
+            req.seq = self._seq
+            self.running.append(req)
+
+    def _load_lower(self, req: _Request, reusable: int) -> list[str]:
+        """Fill pages after the device match from the lower tiers; returns their tiers."""
+        start = req.shared
+        if reusable <= start:
+            return []
+        loaded = self.offload.load_prefix(req.namespace, req.tokens, start, reusable - start)
+        if loaded is None or not loaded.tiers:
+            return []
+        n = min(len(loaded.tiers), reusable - start)
+        targets = req.pages[start : start + n]
+        self.pool.write_pages(targets, loaded.kv[:n])
+        node, held = self.cache.insert(
+            req.namespace, req.tokens[: (start + n) * self.page_size], req.pages[: start + n]
+        )
+        assert held == req.pages[: start + n], "pages past the device match were cached"
+        self.cache.lock(node)
+        if req.prefix is not None:
+            self.cache.unlock(req.prefix)
+        req.prefix, req.shared = node, start + n
+        return list(loaded.tiers[:n])
+
+    # --- one step ---------------------------------------------------------------------------------
+    def _preempt_youngest(self) -> _Request:
+        victim = max(self.running, key=lambda r: r.seq)
+        self.running.remove(victim)
+        self._release(victim, cache=False)
+        self.waiting.appendleft(victim)
+        self.stats.preemptions += 1
+        return victim
+
+    def _grow(self) -> None:
+        """Give every running request pages for all its tokens, preempting if needed."""
+        for req in sorted(self.running, key=lambda r: r.seq):
+            if req not in self.running:
+                continue  # preempted while an older request grew
+            need = self._pages_for(len(req.tokens)) - len(req.pages)
+            while need > 0 and not self._reserve(need):
+                if len(self.running) == 1:
+                    self.running.remove(req)
+                    self._release(req, cache=True)
+                    self._emit(req, [], "length")  # alone and still too long for the pool
+                    break
+                if self._preempt_youngest() is req:
+                    break
+            else:
+                if need > 0:
+                    req.pages += self.pool.alloc(need)
+
+    def step(self) -> bool:
+        """Admit, run one forward pass, sample, emit. False when there was nothing to run."""
+        self._admit()
+        self._grow()
+        if not self.running:
+            return False
+        started = time.perf_counter()
+        chunks: list[SeqChunk] = []
+        reqs: list[_Request] = []
+        decoding = [r for r in self.running if len(r.tokens) - r.computed == 1]
+        budget = max(self.token_budget - len(decoding), 0)
+        for req in self.running:
+            pending = len(req.tokens) - req.computed
+            n = 1 if pending == 1 else min(pending, budget)
+            if n <= 0:
+                continue
+            if pending > 1:
+                budget -= n
+            chunks.append(
+                SeqChunk(
+                    req.tokens[req.computed : req.computed + n],
+                    req.computed,
+                    req.pages,
+                    n == pending,
+                )
+            )
+            reqs.append(req)
+        batch, order = build_batch(
+            chunks, page_size=self.page_size, group=self.model.group, device=self.model.device
+        )
+        logits = self.model.forward(batch, self.pool)
+        wanting = [i for i in order if chunks[i].want_logits]
+        picks = sample(
+            logits,
+            [reqs[i].sampler for i in wanting],
+            [reqs[i].generated for i in wanting],
+        )
+        for req, chunk in zip(reqs, chunks, strict=True):
+            req.computed += len(chunk.token_ids)
+        for i, token in zip(wanting, picks, strict=True):
+            self._accept(reqs[i], token)
+        self._account(chunks, time.perf_counter() - started)
+        return True
+
+    def _accept(self, req: _Request, token: int) -> None:
+        req.tokens.append(token)
+        reason = req.sampler.finish_reason(token, req.generated)
+        if reason is None and len(req.tokens) >= self.context_length:
+            reason = "length"
+        if reason is not None:
+            self.running.remove(req)
+            self._release(req, cache=True)
+            self.stats.finished_requests += 1
+        self._emit(req, [token], reason)
+
+    def _account(self, chunks: list[SeqChunk], seconds: float) -> None:
+        decode = sum(1 for c in chunks if len(c.token_ids) == 1)
+        total = sum(len(c.token_ids) for c in chunks)
+        s = self.stats
+        s.steps += 1
+        s.decode_tokens += decode
+        s.prefill_tokens += total - decode
+        s.decode_seconds += seconds * decode / total
+        s.prefill_seconds += seconds * (total - decode) / total
+        s.evicted_pages = self.cache.evicted_pages
+
+    def flush_cache(self) -> bool:
+        """Drop every unreferenced cached page; False (and nothing dropped) when busy."""
+        if self.has_work:
+            return False
+        self.cache.flush()
+        return True
