@@ -100,6 +100,13 @@ class Settings(BaseSettings):
     gateway_port: int = Field(8000, description="Gateway HTTP port.")
     worker_port: int = Field(30000, description="Built-in worker HTTP port.")
 
+    # --- SGLang workers (SGLANG) ---------------------------------------------------------------
+    sglang_python: str | None = Field(
+        None,
+        description="Python interpreter that has sglang installed, for `kvgate worker "
+        "--engine sglang`; unset means the one running kvgate.",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -1,0 +1,162 @@
+"""``kvgate worker-sglang`` (also reached as ``kvgate worker --engine sglang``): one GPU under SGLang.
+
+Builds SGLang's command line with our tiers as its HiCache storage backend, starts it,
+waits for ``/health``, and keeps it in the worker registry through the worker agent until
+SIGTERM, when it drains and stops it. ``--dry-run`` prints the command and exits; it needs
+neither SGLang, nor the model, nor a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from kvgate.settings import Settings, load_settings
+from tiering.sglang_options import (
+    DATABASE_URL_ENV,
+    S3_ACCESS_KEY_ENV,
+    S3_SECRET_KEY_ENV,
+    SGLangBackendOptions,
+)
+from workers.sglang.command import (
+    WRITE_POLICIES,
+    SGLangLaunchSpec,
+    build_argv,
+    build_env,
+    format_command,
+)
+
+#: Advertised capacity when neither --capacity nor --max-running-requests is given.
+DEFAULT_CAPACITY = 64
+
+
+def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchSpec:
+    """The launch spec for ``model`` from the settings and the command-line options."""
+    backend = SGLangBackendOptions(
+        nas_path=str(Path(settings.nas_dir).resolve()),
+        s3_endpoint=settings.s3_endpoint,
+        s3_bucket=settings.s3_bucket,
+        s3_prefix=settings.s3_prefix,
+        s3_region=settings.s3_region,
+        model=str(opts.pop("served_model_name") or model),
+    )
+    return SGLangLaunchSpec(
+        model=model,
+        backend=backend,
+        served_model_name=backend.model if backend.model != model else None,
+        python=settings.sglang_python or sys.executable,
+        **opts,  # type: ignore[arg-type]
+    )
+
+
+@click.command("worker-sglang")
+@click.option("--engine", type=click.Choice(["sglang"]), default="sglang", hidden=True)
+@click.option("--model", required=True, help="Hugging Face id or local path of the model.")
+@click.option("--gpu", type=int, default=0, show_default=True, help="CUDA device index.")
+@click.option("--host", default=None, help="Bind address [default: settings bind_host].")
+@click.option("--port", type=int, default=None, help="HTTP port [default: settings worker_port].")
+@click.option("--served-model-name", default=None, help="Model id clients use.")
+@click.option("--page-size", type=int, default=64, show_default=True, help="Tokens per KV page.")
+@click.option(
+    "--hicache-size",
+    "hicache_size_gb",
+    type=int,
+    default=0,
+    help="Host KV pool in GB (overrides the ratio).",
+)
+@click.option(
+    "--hicache-ratio",
+    type=float,
+    default=4.0,
+    show_default=True,
+    help="Host KV pool / GPU KV pool.",
+)
+@click.option(
+    "--write-policy",
+    "hicache_write_policy",
+    type=click.Choice(WRITE_POLICIES),
+    default="write_through",
+    show_default=True,
+)
+@click.option(
+    "--mem-fraction-static",
+    type=float,
+    default=0.85,
+    show_default=True,
+    help="GPU memory share for weights + KV.",
+)
+@click.option("--context-length", type=int, default=None)
+@click.option("--max-running-requests", type=int, default=None)
+@click.option("--kv-cache-dtype", default="auto", show_default=True)
+@click.option("--capacity", type=int, default=None, help="Requests the gateway may send at once.")
+@click.option("--worker-id", default=None, help="Registry id [default: HOSTNAME-gpuN].")
+@click.option(
+    "--advertise-url", default=None, help="URL gateways call [default: http://HOST:PORT]."
+)
+@click.option("--dry-run", is_flag=True, help="Print the SGLang command and exit.")
+@click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
+def worker_sglang(
+    engine: str,
+    model: str,
+    host: str | None,
+    port: int | None,
+    capacity: int | None,
+    worker_id: str | None,
+    advertise_url: str | None,
+    dry_run: bool,
+    extra_args: tuple[str, ...],
+    **opts: object,
+) -> None:
+    """Serve MODEL with SGLang on one GPU, KV spilling to our NAS and object store.
+
+    Arguments after `--` go to SGLang unchanged.
+    """
+    settings = load_settings()
+    spec = launch_spec(
+        settings,
+        model,
+        host=host or settings.bind_host,
+        port=port or settings.worker_port,
+        extra_args=extra_args,
+        **opts,
+    )
+    if dry_run:
+        click.echo(format_command(spec))
+        return
+    sys.exit(_serve(settings, spec, capacity, worker_id, advertise_url))
+
+
+def _serve(
+    settings: Settings,
+    spec: SGLangLaunchSpec,
+    capacity: int | None,
+    worker_id: str | None,
+    advertise_url: str | None,
+) -> int:
+    # Imported here so that --dry-run stays free of the database and HTTP machinery.
+    from kvgate.database import settings_database
+    from workers.agent import AgentConfig
+    from workers.sglang.launcher import EngineProcessSpec, serve_with_agent
+
+    with settings_database(settings) as dsn:
+        secrets = {
+            DATABASE_URL_ENV: dsn,
+            S3_ACCESS_KEY_ENV: settings.s3_access_key.get_secret_value(),
+            S3_SECRET_KEY_ENV: settings.s3_secret_key.get_secret_value(),
+        }
+        engine = EngineProcessSpec(
+            argv=build_argv(spec), env=build_env(spec, secrets), health_url=f"{spec.url}/health"
+        )
+        agent = AgentConfig(
+            worker_id=worker_id or f"{socket.gethostname()}-gpu{spec.gpu}",
+            engine_url=spec.url,
+            advertise_url=advertise_url,
+            model=spec.backend.model,
+            capacity=capacity or spec.max_running_requests or DEFAULT_CAPACITY,
+        )
+        click.echo(f"starting SGLang: {format_command(spec)}")
+        return asyncio.run(serve_with_agent(engine, agent, dsn))

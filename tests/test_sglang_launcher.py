@@ -1,0 +1,136 @@
+"""The SGLang launch command: printed by --dry-run without SGLang, accepted by SGLang's parser."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvgate.cli import cli
+from tiering.sglang_options import CLASS_NAME, MODULE_PATH, SGLangBackendOptions
+from workers.sglang.command import SGLangLaunchSpec
+
+# Parses argv with SGLang's own machinery (ServerArgs.add_cli_args + from_cli_args) and
+# prints the fields we rely on. A subprocess, because prepare_server_args reconfigures
+# the root logger of whoever calls it.
+_PARSE = """
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+a = prepare_server_args(json.loads(sys.argv[1]))
+print(json.dumps({k: getattr(a, k) for k in json.loads(sys.argv[2])}))
+"""
+
+_FIELDS = [
+    "model_path",
+    "host",
+    "port",
+    "page_size",
+    "mem_fraction_static",
+    "enable_hierarchical_cache",
+    "hicache_ratio",
+    "hicache_size",
+    "hicache_write_policy",
+    "hicache_mem_layout",
+    "hicache_storage_prefetch_policy",
+    "hicache_storage_backend",
+    "hicache_storage_backend_extra_config",
+    "enable_cache_report",
+    "enable_metrics",
+    "served_model_name",
+    "tp_size",
+]
+
+
+def _dry_run(tmp_path: Path, *args: str) -> str:
+    env = {"KVGATE_HOME": str(tmp_path / "home"), "KVGATE_CONFIG": str(tmp_path / "none.toml")}
+    result = CliRunner().invoke(cli, ["worker-sglang", "--dry-run", *args], env=env)
+    assert result.exit_code == 0, result.output
+    return result.output.strip()
+
+
+def _sglang_parse(line: str) -> dict:
+    pytest.importorskip("sglang.srt.server_args", reason="run scripts/install-sglang-test-deps.sh")
+    argv = shlex.split(line)
+    assert argv[0] == "CUDA_VISIBLE_DEVICES=1"
+    start = argv.index("sglang.launch_server") + 1
+    out = subprocess.run(
+        [sys.executable, "-c", _PARSE, json.dumps(argv[start:]), json.dumps(_FIELDS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_dry_run_command_is_accepted_by_sglang_parser(tmp_path: Path) -> None:
+    line = _dry_run(
+        tmp_path,
+        "--model", "Qwen/Qwen2.5-7B-Instruct",
+        "--gpu", "1",
+        "--port", "31000",
+        "--served-model-name", "qwen2.5-7b",
+        "--hicache-size", "32",
+        "--", "--tp-size", "1",
+    )  # fmt: skip
+    parsed = _sglang_parse(line)
+
+    assert parsed["model_path"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert parsed["port"] == 31000
+    assert parsed["served_model_name"] == "qwen2.5-7b"
+    assert parsed["enable_hierarchical_cache"] is True
+    assert parsed["hicache_size"] == 32
+    assert parsed["hicache_write_policy"] == "write_through"
+    assert parsed["hicache_mem_layout"] == "page_first"
+    assert parsed["hicache_storage_prefetch_policy"] == "timeout"
+    assert parsed["page_size"] == 64
+    assert parsed["enable_cache_report"] is True
+    assert parsed["enable_metrics"] is True
+    assert parsed["tp_size"] == 1
+    assert parsed["hicache_storage_backend"] == "dynamic"
+    extra = json.loads(parsed["hicache_storage_backend_extra_config"])
+    assert extra["module_path"] == MODULE_PATH
+    assert extra["class_name"] == CLASS_NAME
+    assert extra["interface_v1"] == 1
+    options = SGLangBackendOptions.from_extra_config(extra)
+    assert options.model == "qwen2.5-7b"
+    assert Path(options.nas_path) == (tmp_path / "home" / "nas").resolve()
+    # No secret on the command line: ps and SGLang's logs would show it.
+    assert "kvgate-secret" not in line and "postgres" not in line.lower()
+
+
+def test_ratio_is_used_when_no_size_given(tmp_path: Path) -> None:
+    parsed = _sglang_parse(_dry_run(tmp_path, "--model", "m", "--gpu", "1"))
+    assert parsed["hicache_ratio"] == 4.0
+    assert parsed["hicache_size"] == 0
+
+
+def test_dry_run_needs_neither_sglang_nor_torch(tmp_path: Path) -> None:
+    # Importing either module fails in this child: the dry run must not try.
+    code = (
+        "import sys; sys.modules['sglang'] = None; sys.modules['torch'] = None\n"
+        "from kvgate.cli import cli\n"
+        "cli(['worker-sglang', '--dry-run', '--model', 'some/model'])\n"
+    )
+    env = {"KVGATE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "sglang.launch_server" in out.stdout
+
+
+def test_bad_settings_are_refused_with_a_reason() -> None:
+    backend = SGLangBackendOptions(nas_path="/nas")
+    with pytest.raises(ValueError, match="hicache_write_policy"):
+        SGLangLaunchSpec(model="m", backend=backend, hicache_write_policy="sometimes")
+    with pytest.raises(ValueError, match="hicache_ratio"):
+        SGLangLaunchSpec(model="m", backend=backend, hicache_ratio=1.0)
+    with pytest.raises(ValueError, match="unknown keys"):
+        SGLangBackendOptions.from_extra_config({"nas_path": "/nas", "nas_pth": "/typo"})
