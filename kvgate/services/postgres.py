@@ -8,6 +8,7 @@ data directory instead of starting a second one.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,34 @@ def embedded_postgres(pg_dir: Path, *, keep_running: bool = False) -> Iterator[s
 
     pg_dir = Path(pg_dir).absolute()
     pg_dir.mkdir(parents=True, exist_ok=True)
+    _forget_dead_handles(pg_dir)
     server = pgserver.get_server(pg_dir, cleanup_mode=None if keep_running else "stop")
     try:
         yield server.get_uri()
     finally:
         if not keep_running:
             server.cleanup()
+
+
+def _forget_dead_handles(pg_dir: Path) -> None:
+    """Drop processes that died without detaching from ``pgserver``'s list of users.
+
+    ``pgserver`` stops the postmaster only when the last process on that list leaves; a
+    user killed with SIGKILL stays on it forever, and the postmaster would then outlive
+    every later ``kvgate up``. The list is edited under ``pgserver``'s own lock.
+    """
+    import fasteners
+    import psutil
+    from pgserver.postgres_server import PostgresServer
+
+    handles = pg_dir / ".handle_pids.json"
+    with fasteners.InterProcessLock(PostgresServer.lock_path):
+        if not handles.exists():
+            return
+        pids = json.loads(handles.read_text())
+        alive = [pid for pid in pids if psutil.pid_exists(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
 
 
 @contextlib.contextmanager

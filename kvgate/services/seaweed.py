@@ -52,14 +52,13 @@ def _s3_client(endpoint: S3Endpoint):  # boto3 client; typed loosely to keep bot
 
 def wait_s3_ready(endpoint: S3Endpoint, proc: subprocess.Popen | None, timeout: float) -> None:
     """Poll until the S3 API answers a ListBuckets; fail early if ``proc`` died."""
-    client = _s3_client(endpoint)
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited with code {proc.returncode} while starting")
         try:
-            client.list_buckets()
+            ping_s3(endpoint)
             return
         except Exception as exc:  # not up yet: connection refused, 503 while the filer starts
             last = exc
@@ -80,21 +79,18 @@ def ensure_bucket(endpoint: S3Endpoint, bucket: str) -> None:
         client.create_bucket(Bucket=bucket)
 
 
-@contextlib.contextmanager
-def seaweed_s3(
+def weed_command(
     data_dir: Path,
     *,
     access_key: str = "kvgate",
     secret_key: str = "kvgate-secret",
-    bucket: str | None = None,
     host: str = "127.0.0.1",
-    ready_timeout: float = 60.0,
-    log_path: Path | None = None,
-) -> Iterator[tuple[S3Endpoint, subprocess.Popen]]:
-    """Run ``weed server -s3`` on free loopback ports until the block exits.
+) -> tuple[list[str], S3Endpoint]:
+    """The ``weed server -s3`` command line for ``data_dir`` and the endpoint it will serve.
 
-    Every port (HTTP and gRPC) is chosen free, so several servers can run side by side.
-    The process gets its own session so that stopping it never touches ours.
+    Writes the S3 identity file into ``data_dir`` and picks every port (HTTP and gRPC)
+    free, so several servers can run side by side. Starting and stopping the process is
+    the caller's job (``seaweed_s3`` below, or the ``kvgate up`` supervisor).
     """
     data_dir = Path(data_dir).absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -127,10 +123,38 @@ def seaweed_s3(
         f"-s3.config={config}",
         "-master.volumeSizeLimitMB=256",
         "-volume.max=64",
+        # these two listen on fixed ports (8181, 9101) by default, so a second server on
+        # the same machine (parallel tests, two stacks) would die at start; we use neither
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",
     ]
-    log = open(log_path or data_dir / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
+    return cmd, S3Endpoint(f"http://{host}:{s3}", access_key, secret_key)
+
+
+def ping_s3(endpoint: S3Endpoint) -> None:
+    """One ListBuckets call; raises while the server is not answering yet."""
+    _s3_client(endpoint).list_buckets()
+
+
+@contextlib.contextmanager
+def seaweed_s3(
+    data_dir: Path,
+    *,
+    access_key: str = "kvgate",
+    secret_key: str = "kvgate-secret",
+    bucket: str | None = None,
+    host: str = "127.0.0.1",
+    ready_timeout: float = 60.0,
+    log_path: Path | None = None,
+) -> Iterator[tuple[S3Endpoint, subprocess.Popen]]:
+    """Run ``weed server -s3`` on free loopback ports until the block exits.
+
+    The process gets its own session so that stopping it never touches ours.
+    """
+    cmd, endpoint = weed_command(data_dir, access_key=access_key, secret_key=secret_key, host=host)
+    log = open(log_path or Path(data_dir).absolute() / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoint = S3Endpoint(f"http://{host}:{s3}", access_key, secret_key)
     try:
         wait_s3_ready(endpoint, proc, ready_timeout)
         if bucket:
