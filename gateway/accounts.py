@@ -71,9 +71,11 @@ _PLAN_COLUMNS = (
 )
 
 
-async def get_plan(db: Any, name: str) -> Plan:
+async def get_plan(db: Any, name: str, *, timeout: float | None = None) -> Plan:
     """The plan called ``name``."""
-    row = await db.fetchrow(f"SELECT {_PLAN_COLUMNS} FROM plans p WHERE p.name = $1", name)
+    row = await db.fetchrow(
+        f"SELECT {_PLAN_COLUMNS} FROM plans p WHERE p.name = $1", name, timeout=timeout
+    )
     if row is None:
         raise AccountError(f"no plan named {name!r}; see the plans table for the names")
     return Plan(*row)
@@ -151,7 +153,7 @@ async def revoke_key(db: Any, key_id: int) -> KeyInfo:
     return KeyInfo(*row)
 
 
-async def lookup_key(db: Any, secret: str) -> KeyOwner | None:
+async def lookup_key(db: Any, secret: str, *, timeout: float | None = None) -> KeyOwner | None:
     """The owner of an active key ``secret``; None when unknown or revoked."""
     row = await db.fetchrow(
         f"""
@@ -160,6 +162,7 @@ async def lookup_key(db: Any, secret: str) -> KeyOwner | None:
         WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         """,
         keys.hash_key(secret),
+        timeout=timeout,
     )
     if row is None:
         return None

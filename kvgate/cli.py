@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "models": "kvgate.cmd_models:models_group",
     "bench": "kvgate.cmd_bench:bench",
     "admin": "kvgate.cmd_admin:admin",
+    "gateway": "kvgate.cmd_gateway:gateway",
 }
 
 

@@ -1,0 +1,387 @@
+"""The gateway application: endpoints, the request pipeline, and how the parts are wired.
+
+A completion request goes: authenticate → validate → admit (limits) → route → proxy →
+record usage. Everything a replica holds (key cache, worker list, in-flight counts, usage
+buffer, metrics) lives on one :class:`Gateway` object made by :func:`build_app`; there is
+no module-level state, so tests and benchmarks can run several replicas in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway import inbound, proxy
+from gateway.auth import Authenticator, Principal
+from gateway.breaker import Breaker
+from gateway.client_ip import client_ip
+from gateway.config import GatewayConfig
+from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
+from gateway.directory import Directory
+from gateway.errors import ApiError
+from gateway.limits import DEGRADED, Decision, Limiter, rate_headers
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from gateway.openapi import document
+from gateway.router import Router
+from gateway.streaming import HangupAwareStream
+from gateway.usage import UsageRecorder, UsageRow
+from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
+from protocol.registry import WorkerInfo
+
+_PATHS = {True: "/v1/chat/completions", False: "/v1/completions"}
+
+
+class Gateway:
+    """One replica's parts and its request handlers."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.router = Router(config.load_factor)
+        self.breaker = Breaker(config.breaker_failures, config.breaker_open_s)
+        # Set in startup(): they need the running event loop.
+        self.pool: asyncpg.Pool
+        self.auth: Authenticator
+        self.limiter: Limiter
+        self.directory: Directory
+        self.usage: UsageRecorder
+        self.client: httpx.AsyncClient
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Open the pool and the upstream client, run the background loops, flush at exit."""
+        cfg = self.config
+        self.pool = await asyncpg.create_pool(
+            cfg.dsn, min_size=cfg.db_pool_min, max_size=cfg.db_pool_max, command_timeout=30
+        )
+        self.auth = Authenticator(self.pool, cfg.auth_cache_ttl_s)
+        self.limiter = Limiter(self.pool, cfg.upstream_timeout_s + 60)
+        self.directory = Directory(
+            self.pool, self.router, cfg.registry_refresh_s, cfg.worker_timeout_s
+        )
+        self.usage = UsageRecorder(self.pool, cfg.usage_flush_s, cfg.usage_buffer_max)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.upstream_timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        )
+        await self.directory.refresh()
+        self._tasks = [
+            asyncio.create_task(self.directory.run()),
+            asyncio.create_task(self.usage.run()),
+        ]
+        try:
+            yield
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.usage.close(deadline_s=10)
+            await self.client.aclose()
+            await self.pool.close()
+
+    # --- plain endpoints --------------------------------------------------------------
+    async def healthz(self, request: Request) -> Response:
+        """The process is alive."""
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready when Postgres answers; reports the healthy workers too."""
+        try:
+            await self.pool.fetchval("SELECT 1", timeout=HOT_TIMEOUT_S)
+        except UNAVAILABLE as exc:
+            return JSONResponse({"status": "database unavailable", "detail": str(exc)}, 503)
+        return JSONResponse({"status": "ready", "workers": len(self.router.workers())})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        """Prometheus text format."""
+        self.metrics.usage_pending.set(self.usage.pending)
+        self.metrics.usage_dropped.set(self.usage.dropped)
+        self.metrics.workers.set(len(self.router.workers()))
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document."""
+        return JSONResponse(document())
+
+    async def models(self, request: Request) -> Response:
+        """Models of healthy workers, as an OpenAI model list."""
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "kvgate"}
+            for m in self.router.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    # --- completions ------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        started = time.perf_counter()
+        endpoint = _PATHS[chat]
+        peer = request.client.host if request.client else None
+        ip = client_ip(peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies)
+        try:
+            who = await self.auth.authenticate(request.headers.get("authorization"), ip)
+        except ApiError as exc:
+            self.metrics.requests.labels(endpoint, str(exc.status), "none").inc()
+            return exc.response()
+        headers = rate_headers(who.plan, None)
+        try:
+            req = inbound.parse(await request.body(), chat=chat, plan=who.plan)
+            if req.model not in self.router.models():
+                raise ApiError(
+                    404,
+                    f"No healthy worker serves model {req.model!r}; GET /v1/models lists "
+                    "the models available now.",
+                    param="model",
+                    code="model_not_found",
+                )
+        except ApiError as exc:
+            exc.headers.update(headers)
+            self.metrics.requests.labels(endpoint, str(exc.status), who.plan.name).inc()
+            return exc.response()
+
+        decision = await self.limiter.admit(who, req.cost, self._free_slots())
+        headers = rate_headers(who.plan, decision)
+        if decision.reason == DEGRADED:
+            self.metrics.degraded.labels("limits").inc()
+        call = _Call(self, who, req, decision, request.scope["state"]["request_id"], started)
+        if not decision.allowed:
+            assert decision.reason is not None
+            self.metrics.rate_limited.labels(decision.reason, who.plan.name).inc()
+            return call.finish_error(
+                ApiError(
+                    429,
+                    _refusal(decision, who),
+                    code=decision.reason,
+                    headers=headers,
+                )
+            )
+        return await call.forward(request.headers.get(SESSION_HEADER), headers)
+
+    def _free_slots(self) -> int:
+        capacity = sum(w.capacity for w in self.router.workers())
+        return math.floor(self.config.free_share * capacity)
+
+
+class _Call:
+    """One admitted request on its way through routing, proxying and metering."""
+
+    def __init__(
+        self,
+        gw: Gateway,
+        who: Principal,
+        req: inbound.Inbound,
+        decision: Decision,
+        request_id: str,
+        started: float,
+    ) -> None:
+        self.gw = gw
+        self.who = who
+        self.req = req
+        self.decision = decision
+        self.request_id = request_id
+        self.started = started
+        self.outcome = proxy.Outcome()
+        self.worker = ""
+        self.upstream_s = 0.0
+
+    async def forward(self, session_header: str | None, headers: dict[str, str]) -> Response:
+        """Route, proxy (retrying other workers before the first byte) and respond."""
+        gw, cfg = self.gw, self.gw.config
+        session = self.req.session(session_header)
+        body = self.req.upstream_body(self.who.cache_salt)
+        upstream_headers = {"content-type": "application/json", REQUEST_ID_HEADER: self.request_id}
+        tried: set[str] = set()
+        path = _PATHS[self.req.chat]
+        for _ in range(cfg.max_attempts):
+            worker = gw.router.choose(
+                self.req.model, session, lambda w: w not in tried and gw.breaker.allows(w)
+            )
+            if worker is None:
+                break
+            tried.add(worker.worker_id)
+            gw.router.acquire(worker.worker_id)
+            sent = time.perf_counter()
+            try:
+                if self.req.stream:
+                    opened = await proxy.open_stream(
+                        gw.client, worker.url + path, body, upstream_headers
+                    )
+                else:
+                    response = await proxy.fetch(
+                        gw.client, worker.url + path, body, upstream_headers
+                    )
+            except proxy.UpstreamUnavailable as exc:
+                gw.router.release(worker.worker_id)
+                gw.breaker.failure(worker.worker_id)
+                gw.metrics.upstream_errors.labels(worker.worker_id, exc.kind).inc()
+                continue
+            gw.breaker.success(worker.worker_id)
+            self.worker = worker.worker_id
+            self.upstream_s = time.perf_counter() - sent
+            if self.req.stream:
+                return self._stream(worker, *opened, headers)
+            gw.router.release(worker.worker_id)
+            return self._plain(response, headers)
+        return self.finish_error(
+            ApiError(
+                503,
+                f"No worker could take this request for model {self.req.model!r} "
+                f"(tried {len(tried)}); retry shortly.",
+                code="no_worker_available",
+                headers={**headers, "retry-after": "1"},
+            )
+        )
+
+    def _plain(self, response: httpx.Response, headers: dict[str, str]) -> Response:
+        self.outcome.status = response.status_code
+        if response.status_code == 200:
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                self.outcome.take_usage(orjson.loads(response.content).get("usage"))
+        media = response.headers.get("content-type", "application/json")
+        self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
+        return Response(
+            response.content,
+            response.status_code,
+            headers,
+            media_type=media,
+            background=BackgroundTask(self._finish),
+        )
+
+    def _stream(
+        self,
+        worker: WorkerInfo,
+        upstream: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        first: bytes,
+        headers: dict[str, str],
+    ) -> Response:
+        self.outcome.status = upstream.status_code
+        if upstream.status_code != 200:
+            self.gw.router.release(worker.worker_id)
+            return Response(
+                upstream.content,
+                upstream.status_code,
+                headers,
+                media_type=upstream.headers.get("content-type"),
+                background=BackgroundTask(self._finish),
+            )
+        self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for piece in proxy.relay(first, chunks, self.req.wants_usage, self.outcome):
+                    yield piece
+                if self.outcome.status == 502:
+                    self.gw.metrics.upstream_errors.labels(worker.worker_id, "midstream").inc()
+            except BaseException:
+                self.outcome.status = 499  # the client went away: abort upstream below
+                raise
+            finally:
+                await upstream.aclose()
+                self.gw.router.release(worker.worker_id)
+                await self._finish()
+
+        return HangupAwareStream(body(), 200, headers, media_type="text/event-stream")
+
+    def finish_error(self, error: ApiError) -> Response:
+        """Answer with ``error``, metered like any other request."""
+        self.outcome.status = error.status
+        return Response(
+            error.response().body,
+            error.status,
+            error.headers,
+            media_type="application/json",
+            background=BackgroundTask(self._finish),
+        )
+
+    async def _finish(self) -> None:
+        """Release the admission lease and record usage and metrics."""
+        gw, out, who = self.gw, self.outcome, self.who
+        await gw.limiter.release(self.decision.lease)
+        now = time.perf_counter()
+        ttft = None if out.first_token_at is None else (out.first_token_at - self.started)
+        gw.usage.record(
+            UsageRow(
+                request_id=self.request_id,
+                ts=datetime.now(UTC),
+                team_id=who.team_id,
+                key_id=who.key_id,
+                client_ip=who.client_ip if who.anonymous else None,
+                subject=who.subject,
+                model=self.req.model,
+                worker=self.worker,
+                prompt_tokens=out.prompt_tokens,
+                cached_tokens=out.cached_tokens,
+                completion_tokens=out.completion_tokens,
+                reserved_tokens=self.req.cost if self.decision.lease else 0,
+                ttft_ms=None if ttft is None else ttft * 1000,
+                latency_ms=(now - self.started) * 1000,
+                status=out.status,
+            )
+        )
+        endpoint = _PATHS[self.req.chat]
+        gw.metrics.requests.labels(endpoint, str(out.status), who.plan.name).inc()
+        gw.metrics.latency.labels(endpoint).observe(now - self.started)
+        if ttft is not None:
+            gw.metrics.ttft.observe(ttft)
+        gw.metrics.tokens.labels("prompt").inc(out.prompt_tokens)
+        gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
+        gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
+
+
+def _refusal(decision: Decision, who: Principal) -> str:
+    plan = who.plan
+    what = {
+        "requests_per_min": f"{plan.requests_per_min} requests per minute",
+        "tokens_per_min": f"{plan.tokens_per_min} tokens per minute",
+        "tokens_per_day": f"{plan.tokens_per_day} tokens per day (resets at 00:00 UTC)",
+        "max_concurrent": f"{plan.max_concurrent} concurrent requests",
+        "pool_capacity": "the free tier's share of capacity, which is in use",
+    }.get(decision.reason or "", decision.reason or "a limit")
+    hint = " Use an API key for higher limits." if who.anonymous else ""
+    return f"Rate limit reached: {what} on plan {plan.name!r}.{hint}"
+
+
+def build_app(config: GatewayConfig) -> Starlette:
+    """The gateway ASGI app for ``config``."""
+    gw = Gateway(config)
+    routes = [
+        Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
+        Route("/v1/completions", gw.completions, methods=["POST"]),
+        Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/healthz", gw.healthz, methods=["GET"]),
+        Route("/readyz", gw.readyz, methods=["GET"]),
+        Route("/metrics", gw.metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", gw.openapi, methods=["GET"]),
+    ]
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(BodyLimitMiddleware, limit=config.body_limit),
+    ]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan)
+    app.state.gateway = gw
+    return app

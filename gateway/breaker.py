@@ -1,0 +1,59 @@
+"""A circuit breaker per worker: sideline one that keeps failing, then test it again.
+
+After ``failures`` consecutive failures a worker's circuit opens for ``open_s`` seconds and
+it gets no traffic; then one trial request is let through (half-open): success closes the
+circuit, failure opens it again. This keeps a dead worker from costing every request a
+connect timeout in the window before the registry notices it stopped heartbeating.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class _State:
+    failures: int = 0
+    open_until: float = 0.0
+    trial: bool = False
+
+
+class Breaker:
+    """Tracks worker health from request outcomes."""
+
+    def __init__(
+        self, failures: int, open_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._threshold = failures
+        self._open_s = open_s
+        self._clock = clock
+        self._states: dict[str, _State] = {}
+
+    def allows(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` may get a request now (claims the half-open trial)."""
+        state = self._states.get(worker_id)
+        if state is None or state.failures < self._threshold:
+            return True
+        if self._clock() < state.open_until or state.trial:
+            return False
+        state.trial = True
+        return True
+
+    def is_open(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` is sidelined (without claiming a trial)."""
+        state = self._states.get(worker_id)
+        return state is not None and state.failures >= self._threshold
+
+    def success(self, worker_id: str) -> None:
+        """A request to ``worker_id`` went through: close its circuit."""
+        self._states.pop(worker_id, None)
+
+    def failure(self, worker_id: str) -> None:
+        """A request to ``worker_id`` failed."""
+        state = self._states.setdefault(worker_id, _State())
+        state.failures += 1
+        state.trial = False
+        if state.failures >= self._threshold:
+            state.open_until = self._clock() + self._open_s

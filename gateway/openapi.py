@@ -1,0 +1,106 @@
+"""The OpenAPI document served at ``/openapi.json``: what the gateway's endpoints are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_RATE_HEADERS = {
+    name: {"schema": {"type": "string"}}
+    for name in (
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    )
+}
+
+
+def _completion(summary: str, required: list[str]) -> dict[str, Any]:
+    errors = {
+        str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+        for code, text in (
+            (400, "Invalid request (OpenAI error shape)."),
+            (401, "Malformed, unknown or revoked API key."),
+            (404, "No healthy worker serves this model."),
+            (413, "Request body too large."),
+            (429, "Rate limited; see Retry-After and x-should-retry."),
+            (502, "The worker failed."),
+            (503, "No worker available, or keys cannot be verified right now."),
+        )
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}, {}],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": required,
+                            "additionalProperties": True,
+                            "properties": {
+                                "model": {"type": "string"},
+                                "stream": {"type": "boolean"},
+                                "max_tokens": {"type": "integer", "minimum": 1},
+                                "user": {"type": "string"},
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "A completion (JSON), or server-sent events when streaming.",
+                    "headers": _RATE_HEADERS,
+                    "content": {"application/json": {}, "text/event-stream": {}},
+                },
+                **errors,
+            },
+        }
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 description of the gateway."""
+    plain = {"get": {"responses": {"200": {"description": "OK"}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "kvgate gateway", "version": "1"},
+        "paths": {
+            "/v1/chat/completions": _completion("Chat completion", ["model", "messages"]),
+            "/v1/completions": _completion("Text completion", ["model", "prompt"]),
+            "/v1/models": {
+                "get": {
+                    "summary": "Models served by healthy workers",
+                    "responses": {"200": {"description": "OpenAI model list"}},
+                }
+            },
+            "/healthz": {"get": {"summary": "Process is alive", **plain["get"]}},
+            "/readyz": {"get": {"summary": "Database reachable", **plain["get"]}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", **plain["get"]}},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "properties": {
+                                "message": {"type": "string"},
+                                "type": {"type": "string"},
+                                "param": {"type": ["string", "null"]},
+                                "code": {"type": ["string", "null"]},
+                            },
+                        }
+                    },
+                }
+            },
+        },
+    }

@@ -1,0 +1,143 @@
+"""Usage metering: one row per request, buffered in memory, written in batches.
+
+Requests never wait on a usage write. Rows collect in memory and a flusher writes them
+every ``flush_s`` seconds in one statement per batch that also maintains the daily roll-up
+and settles the daily token quota to the actual tokens. Each row carries a unique request
+id and is inserted with ``ON CONFLICT DO NOTHING``; the roll-up and the settlement are
+computed from the rows actually inserted, so a batch retried after a lost reply is counted
+once. While Postgres is unavailable rows wait (up to ``buffer_max``) and are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import astuple, dataclass, fields
+from datetime import datetime
+
+import asyncpg
+
+from gateway.db import UNAVAILABLE
+
+log = logging.getLogger(__name__)
+
+_BATCH_MAX = 5000
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """What one request cost and how it went."""
+
+    request_id: str
+    ts: datetime
+    team_id: int | None
+    key_id: int | None
+    client_ip: str | None
+    subject: str
+    model: str
+    worker: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reserved_tokens: int
+    ttft_ms: float | None
+    latency_ms: float
+    status: int
+
+
+_COLUMNS = [f.name for f in fields(UsageRow)]
+_TYPES = [
+    "text", "timestamptz", "bigint", "bigint", "inet", "text", "text", "text",
+    "integer", "integer", "integer", "integer", "real", "real", "smallint",
+]  # fmt: skip
+_UNNEST = ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_TYPES))
+_INSERT = f"""
+WITH ins AS (
+    INSERT INTO usage ({", ".join(_COLUMNS)})
+    SELECT * FROM unnest({_UNNEST})
+    ON CONFLICT (request_id) DO NOTHING
+    RETURNING *
+), daily AS (
+    INSERT INTO usage_daily (day, team_id, model, requests, prompt_tokens, cached_tokens,
+                             completion_tokens)
+    SELECT (ts AT TIME ZONE 'UTC')::date, team_id, model, count(*), sum(prompt_tokens),
+           sum(cached_tokens), sum(completion_tokens)
+    FROM ins GROUP BY 1, 2, 3
+    ON CONFLICT (day, (coalesce(team_id, 0)), model) DO UPDATE SET
+        requests = usage_daily.requests + excluded.requests,
+        prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
+        cached_tokens = usage_daily.cached_tokens + excluded.cached_tokens,
+        completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens
+)
+UPDATE rate_daily d SET used = greatest(0, d.used + s.delta)
+FROM (
+    SELECT subject, (ts AT TIME ZONE 'UTC')::date AS day,
+           sum(prompt_tokens + completion_tokens - reserved_tokens) AS delta
+    FROM ins WHERE reserved_tokens > 0 GROUP BY 1, 2
+) s
+WHERE d.subject = s.subject AND d.day = s.day
+"""
+
+
+class UsageRecorder:
+    """Buffers usage rows and writes them in batches."""
+
+    def __init__(self, pool: asyncpg.Pool, flush_s: float, buffer_max: int) -> None:
+        self._pool = pool
+        self._flush_s = flush_s
+        self._buffer: deque[UsageRow] = deque()
+        self._max = buffer_max
+        self.dropped = 0
+        self.written = 0
+
+    def record(self, row: UsageRow) -> None:
+        """Queue ``row`` (never blocks; the oldest row is dropped when the buffer is full)."""
+        if len(self._buffer) >= self._max:
+            self._buffer.popleft()
+            self.dropped += 1
+        self._buffer.append(row)
+
+    @property
+    def pending(self) -> int:
+        """Rows not yet written."""
+        return len(self._buffer)
+
+    async def flush(self) -> None:
+        """Write everything buffered now; on failure the rows stay queued and it raises."""
+        while self._buffer:
+            # Take the batch out first: record() may drop from the buffer meanwhile.
+            batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), _BATCH_MAX))]
+            columns = list(zip(*(astuple(r) for r in batch), strict=True))
+            try:
+                await self._pool.execute(_INSERT, *columns, timeout=30)
+            except BaseException:
+                self._buffer.extendleft(reversed(batch))
+                while len(self._buffer) > self._max:
+                    self._buffer.popleft()
+                    self.dropped += 1
+                raise
+            self.written += len(batch)
+
+    async def run(self) -> None:
+        """Flush every ``flush_s`` seconds forever (a periodic timer, not a wait)."""
+        while True:
+            await asyncio.sleep(self._flush_s)
+            try:
+                await self.flush()
+            except UNAVAILABLE as exc:
+                log.warning("usage rows kept for retry (%d pending): %s", self.pending, exc)
+
+    async def close(self, deadline_s: float) -> None:
+        """Flush what is left, retrying until ``deadline_s`` seconds have passed."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while True:
+            try:
+                await self.flush()
+                return
+            except UNAVAILABLE as exc:
+                if loop.time() >= end:
+                    log.error("%d usage rows lost at shutdown: %s", self.pending, exc)
+                    return
+                await asyncio.sleep(min(self._flush_s, max(0.0, end - loop.time())))
