@@ -19,7 +19,7 @@ from starlette.routing import Route
 from protocol.openai_errors import error_body
 from protocol.openai_requests import parse_body
 from workers.context import WorkerContext
-from workers.generation import collect, generate_text
+from workers.generation import collect
 
 
 class AbortRequest(BaseModel):
@@ -46,9 +46,8 @@ def admin_routes(ctx: WorkerContext) -> list[Route]:
             cache_salt="",
             param="input_ids",
         )
-        deltas = generate_text(ctx.engine, gen, ctx.tokenizer.detokenizer(), (), ctx.metrics)
         with anyio.move_on_after(ctx.config.health_timeout_s):
-            final = await collect(deltas)
+            final = await collect(ctx.start(gen, ()))
             if final.usage.completion_tokens >= 1:
                 return PlainTextResponse("ok")
         return JSONResponse(

@@ -7,14 +7,14 @@ vocabulary), so the OpenAI and the native routes apply the same rules.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import RequestError
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
-from workers.generation import Detokenizer
+from workers.generation import Detokenizer, TextDelta, generate_text
 from workers.metrics import ServerMetrics
 
 
@@ -113,6 +113,14 @@ class WorkerContext:
         return GenerateRequest(
             rid=rid, input_ids=tuple(input_ids), sampling=params, cache_salt=cache_salt
         )
+
+    def start(self, request: GenerateRequest, stops: Sequence[str]) -> AsyncIterator[TextDelta]:
+        """Hand ``request`` to the engine; its text deltas (engine refusals become 400s)."""
+        try:
+            events = self.engine.generate(request)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        return generate_text(events, self.tokenizer.detokenizer(), stops, self.metrics)
 
 
 def request_id(headers: Mapping[str, str]) -> str:

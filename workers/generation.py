@@ -1,18 +1,18 @@
 """One generation as text: engine token events -> detokenized, stop-string-aware deltas.
 
-This is the single place where the serving layer drives the engine, shared by the OpenAI
-and the SGLang-native routes. Closing the returned iterator (a client gone, a stop string
-found) closes the engine's iterator, which aborts the request and frees its pages.
+Shared by the OpenAI and the SGLang-native routes. Closing the returned iterator (a client
+gone) or finding a stop string closes the engine's iterator, which aborts the request and
+frees its pages.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workers.engine.api import TIERS, Engine, GenerateRequest, TokenEvent
+from workers.engine.api import TIERS, TokenEvent
 from workers.metrics import ServerMetrics
 from workers.stop_strings import StopScanner
 
@@ -22,6 +22,10 @@ class Detokenizer(Protocol):
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Append ``token_ids``; return the text they complete (never half a character)."""
+        ...
+
+    def flush(self) -> str:
+        """At the end of the sequence: the text still held back."""
         ...
 
 
@@ -69,24 +73,25 @@ class TextDelta:
 
 
 async def generate_text(
-    engine: Engine,
-    request: GenerateRequest,
+    events: AsyncIterator[TokenEvent],
     detokenizer: Detokenizer,
     stops: Sequence[str],
     metrics: ServerMetrics,
 ) -> AsyncIterator[TextDelta]:
-    """Run ``request`` and yield its text; a stop string ends it with ``finish_reason="stop"``."""
+    """Turn a request's engine ``events`` into text; a stop string ends it (``finish_reason="stop"``)."""
     scanner = StopScanner(stops)
     first = True
-    async with aclosing(engine.generate(request)) as events:
+    async with aclosing(events):
         async for event in events:
             metrics.record(event, first=first)
             first = False
             text, stopped = scanner.feed(detokenizer.push(event.token_ids))
+            if event.finished and not stopped:
+                # The sequence is complete: release what the detokenizer and scanner held back.
+                tail, stopped = scanner.feed(detokenizer.flush())
+                text += tail if stopped else tail + scanner.flush()
             if stopped or event.finished:
                 reason = "stop" if stopped else (event.finish_reason or "stop")
-                if not stopped:
-                    text += scanner.flush()
                 metrics.finished(reason)
                 yield TextDelta(text, event.token_ids, Usage.of(event), reason)
                 return
@@ -105,7 +110,3 @@ async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
             if delta.finish_reason is not None:
                 return TextDelta("".join(texts), ids, delta.usage, delta.finish_reason)
     raise RuntimeError("the engine ended a request without a final event")
-
-
-#: Builds a fresh detokenizer for one request.
-DetokenizerFactory = Callable[[], Detokenizer]

@@ -18,7 +18,7 @@ from starlette.routing import Route
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import MAX_TOKENS_LIMIT, parse_body
 from workers.context import WorkerContext, request_id
-from workers.generation import TextDelta, collect, generate_text
+from workers.generation import TextDelta, collect
 from workers.streaming import DONE, sse, sse_response, until_disconnect
 
 
@@ -93,13 +93,10 @@ def native_routes(ctx: WorkerContext) -> list[Route]:
         )
         headers = {REQUEST_ID_HEADER: rid}
 
-        def deltas() -> AsyncIterator[TextDelta]:
-            detok = ctx.tokenizer.detokenizer()
-            return generate_text(ctx.engine, gen, detok, params.stop_strings, ctx.metrics)
-
+        deltas = ctx.start(gen, params.stop_strings)
         if body.stream:
-            return sse_response(_stream(rid, deltas()), headers)
-        final = await until_disconnect(request, lambda: collect(deltas()))
+            return sse_response(_stream(rid, deltas), headers)
+        final = await until_disconnect(request, lambda: collect(deltas))
         if final is None:  # the client is gone; nobody reads this
             return Response(status_code=499)
         return JSONResponse(_result(rid, final.text, final.token_ids, final), headers=headers)

@@ -19,7 +19,7 @@ from protocol.openai_requests import (
     parse_body,
 )
 from workers.context import WorkerContext, request_id
-from workers.generation import TextDelta, collect, generate_text
+from workers.generation import TextDelta, collect
 from workers.streaming import DONE, sse, sse_response, until_disconnect
 
 #: OpenAI object names of the two kinds of completion.
@@ -106,13 +106,10 @@ async def _complete(
     shape = _Shape(kind, f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}", ctx.engine.model_id)
     headers = {REQUEST_ID_HEADER: rid}
 
-    def deltas() -> AsyncIterator[TextDelta]:
-        detok = ctx.tokenizer.detokenizer()
-        return generate_text(ctx.engine, gen, detok, body.stop_strings, ctx.metrics)
-
+    deltas = ctx.start(gen, body.stop_strings)
     if body.stream:
-        return sse_response(shape.stream(deltas(), body.include_usage), headers)
-    final = await until_disconnect(request, lambda: collect(deltas()))
+        return sse_response(shape.stream(deltas, body.include_usage), headers)
+    final = await until_disconnect(request, lambda: collect(deltas))
     if final is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
     return JSONResponse(shape.whole(final), headers=headers)

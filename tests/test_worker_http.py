@@ -1,0 +1,233 @@
+"""The worker's HTTP surface over a real engine (tiny random Llama, SmolLM2's tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from worker_support import TINY_CONTEXT, tiny_engine, worker_app
+
+from workers.engine.engine import TorchEngine
+from workers.engine.tokenizer import load_tokenizer
+
+MODEL = "tiny-random"
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[TorchEngine]:
+    engine = tiny_engine(kv_pool_bytes=4 * 2**20)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def app(engine: TorchEngine, smollm2_gguf: Path) -> Starlette:
+    return worker_app(engine, smollm2_gguf)
+
+
+@pytest.fixture
+async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
+        yield c
+
+
+def sse_payloads(body: str) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order."""
+    return [line[len("data: ") :] for line in body.splitlines() if line.startswith("data: ")]
+
+
+async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
+    return await client.post("/v1/completions", json={"model": MODEL, **fields})
+
+
+async def test_completion_reports_text_and_usage(client: httpx.AsyncClient) -> None:
+    resp = await complete(client, prompt="The capital of France is", max_tokens=8, **GREEDY)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "text_completion"
+    assert body["model"] == MODEL
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert isinstance(choice["text"], str) and choice["text"]
+    usage = body["usage"]
+    assert usage["completion_tokens"] == 8
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 8
+    details = usage["prompt_tokens_details"]
+    assert set(details["cached_tokens_by_tier"]) == {"device", "host", "nas", "object"}
+    assert sum(details["cached_tokens_by_tier"].values()) == details["cached_tokens"]
+
+
+async def test_token_id_prompt_equals_text_prompt(
+    client: httpx.AsyncClient, smollm2_gguf: Path
+) -> None:
+    prompt_ids = load_tokenizer(smollm2_gguf).encode("Once upon a time")
+    text = await complete(client, prompt="Once upon a time", max_tokens=6, **GREEDY)
+    ids = await complete(client, prompt=prompt_ids, max_tokens=6, **GREEDY)
+    assert ids.json()["choices"][0]["text"] == text.json()["choices"][0]["text"]
+
+
+async def test_stop_string_cuts_output_before_it(client: httpx.AsyncClient) -> None:
+    full = (await complete(client, prompt="A list:", max_tokens=24, **GREEDY)).json()
+    text = full["choices"][0]["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), f"greedy output too uniform to pick a stop string: {text!r}"
+    cut = (await complete(client, prompt="A list:", max_tokens=24, stop=[stop], **GREEDY)).json()
+    choice = cut["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == text[: text.index(stop)]
+    assert stop not in choice["text"]
+
+
+async def test_streamed_completion_matches_whole_and_ends_with_done(
+    client: httpx.AsyncClient,
+) -> None:
+    whole = (await complete(client, prompt="Hello", max_tokens=10, **GREEDY)).json()
+    resp = await complete(
+        client,
+        prompt="Hello",
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(resp.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["text"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == []  # the usage chunk
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+async def test_native_generate_reports_meta_info(client: httpx.AsyncClient) -> None:
+    req = {"text": "Hello", "sampling_params": {"max_new_tokens": 5, **GREEDY}}
+    body = (await client.post("/generate", json=req)).json()
+    meta = body["meta_info"]
+    assert meta["completion_tokens"] == 5 and len(body["output_ids"]) == 5
+    assert meta["finish_reason"] == {"type": "length"}
+    assert meta["prompt_tokens"] > 0
+    assert set(meta["cached_tokens_by_tier"]) == {"device", "host", "nas", "object"}
+
+    resp = await client.post("/generate", json={**req, "stream": True})
+    payloads = sse_payloads(resp.text)
+    assert payloads[-1] == "[DONE]"
+    last = json.loads(payloads[-2])
+    assert last["text"] == body["text"]  # SGLang streams the cumulative text
+    assert last["meta_info"]["finish_reason"] == {"type": "length"}
+
+
+async def test_second_identical_request_is_served_from_cache(client: httpx.AsyncClient) -> None:
+    prompt = "Paging test. " * 12  # several pages
+    first = (await complete(client, prompt=prompt, max_tokens=4, **GREEDY)).json()
+    second = (await complete(client, prompt=prompt, max_tokens=4, **GREEDY)).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+async def test_request_id_header_is_echoed(client: httpx.AsyncClient) -> None:
+    resp = await client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "x", "max_tokens": 1},
+        headers={"x-request-id": "req-123"},
+    )
+    assert resp.headers["x-request-id"] == "req-123"
+    assert resp.json()["id"] == "cmpl-req-123"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -5}, 400, "max_tokens"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "max_tokens": 10**9},
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "max_tokens": TINY_CONTEXT},
+            400,
+            f"{TINY_CONTEXT}-token context",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": [5] * (TINY_CONTEXT + 1)},
+            400,
+            "shorten the prompt",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": [49152]}, 400, "token ids must be in"),
+        ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "does not exist"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, 400, "only n=1"),
+        ("/generate", {"text": "x", "input_ids": [1]}, 400, "exactly one"),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"max_new_tokens": 0}},
+            400,
+            "max_new_tokens",
+        ),
+    ],
+)
+async def test_bad_requests_get_openai_errors(
+    client: httpx.AsyncClient, path: str, body: object, status: int, words: str
+) -> None:
+    if isinstance(body, bytes):
+        resp = await client.post(path, content=body)
+    else:
+        resp = await client.post(path, json=body)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert words in error["message"]
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+async def test_models_health_info_and_loads(client: httpx.AsyncClient) -> None:
+    models = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert (await client.get("/health")).status_code == 200
+    assert (await client.get("/health_generate")).status_code == 200
+    info = (await client.get("/server_info")).json()
+    assert info["model_id"] == MODEL and info["context_length"] == TINY_CONTEXT
+    loads = (await client.get("/v1/loads")).json()["loads"][0]
+    assert loads["num_running_reqs"] == 0 and loads["num_total_pages"] > 0
+
+
+async def test_metrics_count_tokens_and_read_the_engine(client: httpx.AsyncClient) -> None:
+    await complete(client, prompt="metrics", max_tokens=3, **GREEDY)
+    text = (await client.get("/metrics")).text
+    for name in (
+        "kvgate_worker_queue_length",
+        "kvgate_worker_running_requests",
+        "kvgate_worker_pool_usage_ratio",
+        'kvgate_worker_cached_tokens_total{tier="device"}',
+        "kvgate_worker_prefill_tokens_per_second",
+        "kvgate_worker_decode_tokens_per_second",
+    ):
+        assert name in text
+    generated = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("kvgate_worker_generation_tokens_total")
+    )
+    assert float(generated.split()[-1]) >= 3
+
+
+async def test_flush_cache_and_abort_unknown(
+    client: httpx.AsyncClient, engine: TorchEngine
+) -> None:
+    await complete(client, prompt="to be flushed " * 8, max_tokens=2, **GREEDY)
+    assert engine.load().cached_pages > 0
+    resp = await client.post("/flush_cache")
+    assert resp.status_code == 200
+    assert engine.load().cached_pages == 0
+    resp = await client.post("/abort_request", json={"rid": "no-such-request"})
+    assert resp.json() == {"rid": "no-such-request", "aborted": False}
