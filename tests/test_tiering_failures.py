@@ -1,0 +1,103 @@
+"""Broken backends become counted misses: read-only NAS, stopped S3, unreachable Postgres."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from tiering_support import chain, namespace, object_config
+
+from kvgate.services.ports import free_port
+from kvgate.services.postgres import create_pool
+from kvgate.services.seaweed import seaweed_s3
+from tiering.codec import encode_header
+from tiering.ledger import OBJECT, Entry, Ledger
+from tiering.store import StoreConfig, TieredStore
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectTier
+
+PAGE = 64
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` read-only for this process: a read-only bind mount as root, else chmod."""
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", str(path)], check=True)
+    else:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+
+
+async def test_read_only_nas_counts_write_failures_and_keeps_serving(nas_dir: Path) -> None:
+    ns = namespace()
+    old, new = chain(ns, 2), chain(ns, 2, first_token=100)
+    nas = NasTier(NasConfig(nas_dir, fsync=False))
+    await nas.put_many(old)
+    store = await TieredStore(HostTier(1 << 30), nas=nas).start()
+    with read_only(nas_dir):
+        store.offer(new)
+        await store.drain()
+        assert store.counters["write_failed"] == 2
+        assert store.failures.count("nas", "write") == 1
+        assert store.host.prefix_now([b.key for b in new]) == 2  # served from RAM meanwhile
+        got = await store.fetch(ns.digest, [b.key for b in old], PAGE, page_bytes=512)
+        assert got.tiers == ["nas", "nas"]  # reads still work
+    await store.close()
+    nas.close()
+
+
+async def test_stopped_s3_is_a_counted_miss(tmp_path: Path, pg_pool) -> None:
+    ns = namespace()
+    blocks = chain(ns, 3)
+    keys = [b.key for b in blocks]
+    ledger = Ledger(pg_pool)
+    with seaweed_s3(tmp_path / "s3", bucket="kvtest") as (endpoint, proc):
+        obj = await ObjectTier(object_config(endpoint, max_attempts=2, connect_timeout=0.5)).start()
+        await obj.put_many(blocks)
+        await ledger.record(
+            [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks], OBJECT
+        )
+    assert proc.poll() is not None  # the server is gone
+    store = await TieredStore(HostTier(1 << 30), obj=obj, ledger=ledger).start()
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=512)
+    assert got.blocks == []
+    assert store.failures.count("object") == 1  # a read error or an overrun deadline
+    assert await ledger.prefix(ns.digest, keys) == [OBJECT] * 3  # an outage is not data loss
+    await store.close()
+    await obj.close()
+
+
+async def test_unreachable_postgres_falls_back_to_the_nas_and_counts(nas_dir: Path) -> None:
+    ns = namespace()
+    blocks = chain(ns, 3)
+    keys = [b.key for b in blocks]
+    pool = await create_pool(f"postgresql://kv@127.0.0.1:{free_port()}/kv", min_size=0, max_size=1)
+    nas = NasTier(NasConfig(nas_dir, fsync=False))
+    store = await TieredStore(
+        HostTier(1 << 30), nas=nas, ledger=Ledger(pool), config=StoreConfig(touch_flush_s=0.05)
+    ).start()
+    store.offer(blocks)
+    await store.drain()
+    assert store.counters["written"] == 3  # data written even though its rows are not
+    assert store.failures.count("ledger", "record") == 1
+    store.host.clear()
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=512)
+    assert got.tiers == ["nas"] * 3
+    assert store.failures.count("ledger", "lookup") == 1
+    await store.close()
+    assert store.failures.count("ledger", "touch") >= 1
+    assert store.ledger is not None and store.ledger.pending_touches == 3  # kept for a retry
+    await pool.close()
+    nas.close()

@@ -1,0 +1,157 @@
+"""The tiered store over real tiers: spill, lookup, fetch with promotion, repair, drops."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from tiering_support import chain, namespace, object_config
+
+from kvgate.services.seaweed import S3Endpoint
+from tiering.codec import encode_header
+from tiering.cost import CostConfig, CostModel
+from tiering.ledger import NAS, OBJECT, Entry, Ledger
+from tiering.store import StoreConfig, TieredStore
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectTier
+
+PAGE = 64  # tokens per page as the cost model sees them: enough that fetching pays
+
+
+@pytest.fixture
+async def parts(
+    nas_dir: Path, s3_server: S3Endpoint, pg_pool
+) -> AsyncIterator[tuple[NasTier, ObjectTier, Ledger]]:
+    nas = NasTier(NasConfig(nas_dir, fsync=False))
+    async with ObjectTier(object_config(s3_server)) as obj:
+        yield nas, obj, Ledger(pg_pool)
+    nas.close()
+
+
+def _store(parts, **config) -> TieredStore:
+    nas, obj, ledger = parts
+    return TieredStore(
+        HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger, config=StoreConfig(**config)
+    )
+
+
+def _entries(blocks) -> list[Entry]:
+    return [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks]
+
+
+async def test_offered_pages_reach_nas_and_ledger_and_another_worker_fetches_them(parts) -> None:
+    ns = namespace()
+    blocks = chain(ns, 8)
+    keys = [b.key for b in blocks]
+    first = await _store(parts).start()
+    first.offer(blocks)
+    assert await first.lookup(ns.digest, keys) == ["host"] * 8
+    await first.close()
+    assert await parts[2].prefix(ns.digest, keys) == [NAS] * 8
+
+    second = await _store(parts).start()  # empty host RAM: a different worker
+    got = await second.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["nas"] * 8
+    assert [bytes(b.payload) for b in got.blocks] == [bytes(b.payload) for b in blocks]
+    assert await second.lookup(ns.digest, keys) == ["host"] * 8  # promoted
+    assert second.counters["hit_nas"] == 8
+    await second.close()
+    row = await parts[2].pool.fetchrow("SELECT hits FROM kv_ledger WHERE key = $1", keys[0])
+    assert row["hits"] == 1  # the touch was flushed on close
+
+
+async def test_fetch_spans_tiers_in_order_and_stops_at_first_gap(parts) -> None:
+    nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 6)
+    keys = [b.key for b in blocks]
+    await nas.put_many(blocks[:2])
+    await ledger.record(_entries(blocks[:2]), NAS)
+    await obj.put_many(blocks[2:4])
+    await ledger.record(_entries(blocks[2:4]), OBJECT)
+    await obj.put_many(blocks[5:])  # page 4 is missing everywhere
+    await ledger.record(_entries(blocks[5:]), OBJECT)
+    store = await _store(parts).start()
+    store.host.put_now(blocks[0])
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["host", "nas", "object", "object"]
+    await store.close()
+
+
+async def test_corrupt_nas_page_is_a_miss_deleted_counted_and_repaired(parts) -> None:
+    nas, _obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 3)
+    keys = [b.key for b in blocks]
+    await nas.put_many(blocks)
+    await ledger.record(_entries(blocks), NAS)
+    path = nas.path(keys[1])
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(raw)
+    store = await _store(parts).start()
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["nas"]
+    assert not path.exists()
+    assert store.stats()["tiers"]["nas"].corruptions == 1
+    assert store.counters["repaired_nas"] == 1
+    assert await ledger.held(keys, NAS) == {keys[0], keys[2]}
+    await store.close()
+
+
+async def test_ledger_row_whose_data_is_gone_is_a_miss_and_repaired(parts) -> None:
+    _nas, _obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 2)
+    await ledger.record(_entries(blocks), OBJECT)  # rows without data
+    store = await _store(parts).start()
+    got = await store.fetch(ns.digest, [b.key for b in blocks], PAGE, page_bytes=512)
+    assert got.blocks == []
+    assert await ledger.prefix(ns.digest, [b.key for b in blocks]) == []
+    await store.close()
+
+
+async def test_full_write_queue_drops_and_counts_instead_of_waiting(parts) -> None:
+    ns = namespace()
+    blocks = chain(ns, 10)
+    store = _store(parts, write_queue_pages=3)  # not started: nothing drains the queue
+    store.offer(blocks)
+    assert store.counters["write_dropped"] == 7
+    assert store.host.prefix_now([b.key for b in blocks]) == 10  # serving still has them
+    await store.start()
+    await store.close()
+    assert store.counters["written"] == 3
+
+
+async def test_cost_model_skips_tiers_slower_than_recompute(parts) -> None:
+    nas, _obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 4)
+    await nas.put_many(blocks)
+    await ledger.record(_entries(blocks), NAS)
+    nas_, obj, _ = parts
+    fast_prefill = CostModel(CostConfig(prior_prefill_tokens_per_s=1e12))
+    store = TieredStore(HostTier(1 << 30), nas=nas_, obj=obj, ledger=ledger, cost=fast_prefill)
+    await store.start()
+    store.host.put_now(blocks[0])
+    got = await store.fetch(ns.digest, [b.key for b in blocks], PAGE, page_bytes=512)
+    assert got.tiers == ["host"]
+    assert store.counters["skipped_nas"] == 3
+    await store.close()
+
+
+async def test_prefetch_pulls_pages_into_host_ram(parts) -> None:
+    nas, _obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 5)
+    keys = [b.key for b in blocks]
+    await nas.put_many(blocks)
+    await ledger.record(_entries(blocks), NAS)
+    store = await _store(parts).start()
+    assert store.prefetch(ns.digest, keys, PAGE, page_bytes=512)
+    for task in list(store._prefetches):
+        await task
+    assert store.host.prefix_now(keys) == 5
+    await store.close()
