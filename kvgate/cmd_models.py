@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from kvgate import models
@@ -46,3 +48,32 @@ def list_models(verify: bool) -> None:
     for m in cached:
         size = f"{m.size / 1e6:.1f} MB"
         click.echo(f"{m.id:<24} {size:>10}  {'yes' if m.verified else 'NO':<8}  {m.path}")
+
+
+@models_group.command("export-tokenizer")
+@click.argument("model")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def export_tokenizer(model: str, directory: Path) -> None:
+    """Write MODEL's tokenizer as Hugging Face files into DIRECTORY.
+
+    MODEL is a registry id (pulled if needed), a .gguf file or a model directory. The files
+    (tokenizer.json, tokenizer_config.json with the chat template, special_tokens_map.json)
+    load with transformers.AutoTokenizer.from_pretrained(DIRECTORY).
+    """
+    from workers.engine.tokenizer import load_tokenizer
+
+    if model in models.REGISTRY:
+        source = models.ensure_model(load_settings().models_dir, model)
+    elif Path(model).exists():
+        source = Path(model)
+    else:
+        known = ", ".join(sorted(models.REGISTRY))
+        raise click.BadParameter(
+            f"{model!r} is neither a known model ({known}) nor an existing path", param_hint="MODEL"
+        )
+    try:
+        written = load_tokenizer(source).save_pretrained(directory)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for path in written:
+        click.echo(f"wrote {path}")
