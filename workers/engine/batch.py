@@ -107,7 +107,7 @@ def build_batch(
         slots = (table[:, :, None] * page_size + offsets).view(len(decode), -1)[:, :ctx_max]
         writes.append(slots[torch.arange(len(decode)), lens - 1])
         decode_mask = (torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None, :]
-        decode_slots = slots.to(device)
+        decode_slots = slots.contiguous().to(device)
         decode_mask = decode_mask.to(device)
     batch = ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).to(device),

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from workers.engine.api import TIERS, FinishReason, GenerateRequest, TokenEvent
 from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.kv_pool import KVPool
@@ -262,6 +264,7 @@ class Scheduler:
                 if need > 0:
                     req.pages += self.pool.alloc(need)
 
+    @torch.inference_mode()
     def step(self) -> bool:
         """Admit, run one forward pass, sample, emit. False when there was nothing to run."""
         self._admit()

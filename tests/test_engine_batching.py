@@ -1,0 +1,104 @@
+"""Continuous batching under memory pressure (acceptance 3) and abort (acceptance 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
+
+from workers.engine.api import GenerateRequest
+from workers.engine.engine import TorchEngine
+
+MODEL = tiny_llama(seed=5)
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+async def _until(predicate, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _idle_and_clean(engine: TorchEngine) -> bool:
+    """Nothing running and every used page is a cached one (no page leaked)."""
+    load = engine.load()
+    return load.running == 0 and load.queued == 0 and load.pool_used_pages == load.cached_pages
+
+
+async def test_16_concurrent_overlapping_requests_with_a_small_pool() -> None:
+    shared = _ids(40, 0)
+    prompts = [shared[: 16 + (i % 3) * 8] + _ids(5 + i, 100 + i) for i in range(16)]
+    solo = tiny_engine(MODEL)
+    try:
+        expected = [tokens(await run(solo, f"s{i}", p, greedy(30))) for i, p in enumerate(prompts)]
+    finally:
+        solo.close()
+    # each request needs up to 5 pages; 12 pages hold about two of them at a time
+    engine = tiny_engine(MODEL, pages=12, max_batch=16, token_budget=64)
+    try:
+        results = await asyncio.gather(
+            *(run(engine, f"r{i}", p, greedy(30)) for i, p in enumerate(prompts))
+        )
+        assert [tokens(r) for r in results] == expected
+        assert all(r[-1].finish_reason == "length" for r in results)
+        assert engine.stats().preemptions > 0  # the pool really ran out mid-flight
+        assert engine.stats().evicted_pages > 0
+        await _until(lambda: _idle_and_clean(engine), "the engine to go idle")
+    finally:
+        engine.close()
+
+
+async def test_closing_the_stream_early_frees_every_page() -> None:
+    engine = tiny_engine(MODEL)
+    try:
+        before = engine.load().pool_used_pages
+        request = GenerateRequest("early", tuple(_ids(60, 1)), greedy(500))
+        stream = engine.generate(request)
+        async for event in stream:
+            assert event.token_ids
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+        await _until(lambda: engine.load().pool_used_pages == before, "pages to be freed")
+        assert engine.load().running == 0
+    finally:
+        engine.close()
+
+
+async def test_abort_running_and_queued_requests_frees_every_page() -> None:
+    engine = tiny_engine(MODEL, max_batch=1)
+    try:
+        await run(engine, "warm", _ids(40, 2), greedy(2))  # leaves cached pages behind
+        before = engine.load().pool_used_pages
+        first = engine.generate(GenerateRequest("run", tuple(_ids(40, 2)), greedy(500)))
+        second = engine.generate(GenerateRequest("wait", tuple(_ids(30, 3)), greedy(500)))
+        got_first = asyncio.ensure_future(first.__anext__())
+        got_second = asyncio.ensure_future(second.__anext__())
+        await got_first
+        await _until(lambda: engine.load().queued == 1, "the second request to queue")
+        assert engine.abort("wait") and engine.abort("run")
+        assert not engine.abort("nobody")
+        last = await got_second
+        assert last.finished and last.finish_reason == "abort"
+        events = [e async for e in first]
+        assert events[-1].finish_reason == "abort"
+        await _until(lambda: engine.load().pool_used_pages == before, "pages to be freed")
+    finally:
+        engine.close()
+
+
+async def test_a_sequence_longer_than_the_pool_ends_with_length() -> None:
+    engine = tiny_engine(MODEL, pages=4)  # 64 tokens in all
+    try:
+        events = await run(engine, "long", _ids(40, 4), greedy(100))
+        assert events[-1].finish_reason == "length"
+        assert 0 < events[-1].completion_tokens < 100
+        await _until(lambda: _idle_and_clean(engine), "the engine to go idle")
+    finally:
+        engine.close()

@@ -1,0 +1,125 @@
+"""The KV pool, the radix cache over it, and the offload seam that tiering plugs into."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
+
+from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.kv_pool import KVPool, PoolExhausted
+from workers.engine.offload import EvictedPage, LoadedPrefix
+from workers.engine.radix import RadixCache
+
+MODEL = tiny_llama(seed=7)
+PAGE_BYTES = MODEL.config.kv_bytes_per_token(4) * 4
+
+
+def _pool(pages: int) -> KVPool:
+    return KVPool(MODEL.config, pool_bytes=pages * PAGE_BYTES, page_size=4)
+
+
+def test_pool_accounting_and_page_round_trip() -> None:
+    pool = _pool(8)
+    assert pool.layout.page_shape == (2, 2, 4, 2, 16)
+    assert pool.layout.dtype == "float32" and pool.layout.layout == "layer,kv,token,head,dim"
+    pages = pool.alloc(3)
+    assert pool.used_pages == 3 and pool.free_pages == 5
+    with pytest.raises(PoolExhausted):
+        pool.alloc(6)
+    assert pool.free_pages == 5  # a failed alloc takes nothing
+    data = torch.randn(2, *pool.layout.page_shape)
+    pool.write_pages(pages[1:], data)
+    assert torch.equal(pool.read_pages(pages[1:]), data)
+    assert torch.equal(pool.read_pages([pages[2]])[0], data[1])
+    pool.free(pages)
+    assert pool.used_pages == 0
+    with pytest.raises(ValueError, match="kv_pool_bytes"):
+        _pool(1)
+
+
+def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
+    pool = _pool(8)
+    evicted: list[EvictedPage] = []
+    cache = RadixCache(pool, evicted.extend)
+    a = list(range(100, 112))  # 3 pages
+    b = [*a[:4], *range(200, 208)]  # shares the first page with a
+    pa = pool.alloc(3)
+    pool.write_pages(
+        pa, torch.arange(3.0)[:, None, None, None, None, None].expand(3, 2, 2, 4, 2, 16)
+    )
+    _, held = cache.insert("ns", a, pa)
+    assert held == pa
+    pb = pool.alloc(3)
+    node_b, held = cache.insert("ns", b, pb)
+    assert held == [pa[0], *pb[1:]]  # the shared page stays the tree's; pb[0] is the caller's
+    pool.free([pb[0]])
+    assert cache.cached_pages == 5
+    assert cache.match("ns", [*a, 1, 2]).pages == pa
+    assert cache.match("ns", a, max_pages=2).pages == pa[:2]
+    assert cache.match("other", a).pages == []  # namespaces are separate trees
+    cache.lock(node_b)
+    assert cache.evictable_pages == 2  # a's own two pages; b's path is pinned
+    cache.match("ns", a[:8])  # touch a's first two pages: a's leaf is now the oldest
+    assert cache.evict(1) == 1
+    assert [e.token_ids for e in evicted] == [tuple(a)]
+    assert torch.equal(evicted[0].kv, pool.read_pages([pa[2]])[0])
+    assert evicted[0].namespace == "ns"
+    assert cache.evict(10) == 1  # a's second page; the rest is pinned
+    assert evicted[1].token_ids == tuple(a[:8])
+    cache.unlock(node_b)
+    assert cache.flush() == 3 and len(evicted) == 2  # flush drops without offloading
+    assert pool.used_pages == 0 and cache.cached_pages == 0
+
+
+class InMemoryOffload:
+    """A dict standing in for the host tier: the real one is tiering's adapter (issue #3)."""
+
+    def __init__(self) -> None:
+        self.pages: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+
+    def on_evict(self, pages: list[EvictedPage]) -> None:
+        for page in pages:
+            self.pages[(page.namespace, page.token_ids)] = page.kv.clone()
+
+    def load_prefix(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
+    ) -> LoadedPrefix | None:
+        found = []
+        for i in range(start_page, start_page + max_pages):
+            kv = self.pages.get((namespace, tuple(token_ids[: (i + 1) * 16])))
+            if kv is None:
+                break
+            found.append(kv)
+        if not found:
+            return None
+        return LoadedPrefix(torch.stack(found), ("host",) * len(found))
+
+
+async def test_evicted_pages_come_back_through_the_offload() -> None:
+    offload = InMemoryOffload()
+    page_bytes = MODEL.config.kv_bytes_per_token(4) * 16
+    engine = TorchEngine(
+        MODEL.config,
+        MODEL.state_dict,
+        EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=8 * page_bytes),
+        offload=offload,
+    )
+    cold = tiny_engine(MODEL)
+    try:
+        prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(1)).tolist()
+        first = tokens(await run(engine, "a", prompt, greedy(10)))
+        other = torch.randint(3, 512, (100,), generator=torch.Generator().manual_seed(2)).tolist()
+        await run(engine, "b", other, greedy(10))  # needs the pool: evicts the first prompt
+        assert any(ns == "" and chain == tuple(prompt[:64]) for ns, chain in offload.pages)
+        again = await run(engine, "a2", prompt, greedy(10))
+        assert again[-1].cached_tokens == 64
+        assert again[-1].cached_by_tier.get("host", 0) > 0
+        assert sum(again[-1].cached_by_tier.values()) == 64
+        assert tokens(again) == first == tokens(await run(cold, "c", prompt, greedy(10)))
+        assert engine.stats().cached_tokens_by_tier["host"] > 0
+    finally:
+        engine.close()
+        cold.close()
