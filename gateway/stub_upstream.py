@@ -23,8 +23,10 @@ import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
+
+from gateway.streaming import HangupAwareStream
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class _Stub:
         self.config = config
         self.served = 0
         self.inflight = 0
+        #: Streams still open (a client that hangs up closes its stream at once).
+        self.streaming = 0
         self.bodies: deque[dict[str, Any]] = deque(maxlen=config.keep_bodies)
         self.release = asyncio.Event()
 
@@ -66,7 +70,7 @@ class _Stub:
             }
             if body.get("stream"):
                 include = bool((body.get("stream_options") or {}).get("include_usage"))
-                return StreamingResponse(
+                return HangupAwareStream(
                     self._events(body["model"], chat, n, usage if include else None),
                     media_type="text/event-stream",
                 )
@@ -81,17 +85,23 @@ class _Stub:
     async def _events(
         self, model: str, chat: bool, n: int, usage: dict[str, Any] | None
     ) -> AsyncIterator[bytes]:
-        for i in range(n):
-            if self.config.hang_after and i >= self.config.hang_after:
-                await asyncio.Event().wait()  # hang until the process is killed
-            yield _event(_chunk(model, chat, "x", None if i < n - 1 else "length", usage))
-        if usage is not None:
-            yield _event(_chunk(model, chat, None, None, usage))
-        yield b"data: [DONE]\n\n"
+        self.streaming += 1
+        try:
+            for i in range(n):
+                if self.config.hang_after and i >= self.config.hang_after:
+                    await asyncio.Event().wait()  # hang until killed or the client leaves
+                yield _event(_chunk(model, chat, "x", None if i < n - 1 else "length", usage))
+            if usage is not None:
+                yield _event(_chunk(model, chat, None, None, usage))
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.streaming -= 1
 
     async def stats(self, request: Request) -> Response:
         return Response(
-            orjson.dumps({"served": self.served, "inflight": self.inflight}),
+            orjson.dumps(
+                {"served": self.served, "inflight": self.inflight, "streaming": self.streaming}
+            ),
             media_type="application/json",
         )
 
