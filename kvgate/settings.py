@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import (
@@ -107,6 +108,14 @@ class Settings(BaseSettings):
         "--engine sglang`; unset means the one running kvgate.",
     )
 
+    # --- the `kvgate up` supervisor (FOUNDATION) ------------------------------------------
+    ready_timeout: float = Field(
+        120.0, gt=0, description="Seconds `kvgate up` waits for each part to answer its probe."
+    )
+    stop_timeout: float = Field(
+        10.0, gt=0, description="Seconds `kvgate up` waits after SIGTERM before SIGKILL."
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -141,16 +150,39 @@ class Settings(BaseSettings):
         return self.home / "models"
 
     def masked(self) -> dict[str, Any]:
-        """The effective settings as plain values, secrets replaced by ``********``."""
+        """The effective settings as plain values, secrets replaced by ``********``.
+
+        ``database_url`` stays readable (which server, which database) with only its
+        password masked, because "which database am I on" is what people check.
+        """
         out: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if isinstance(value, SecretStr):
+            if name == "database_url" and value is not None:
+                value = mask_url_password(value.get_secret_value())
+            elif isinstance(value, SecretStr):
                 value = "********" if value.get_secret_value() else ""
             elif isinstance(value, Path):
                 value = str(value)
             out[name] = value
         return out
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` query item) as ``****``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, at, hostinfo = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        user, _, password = userinfo.partition(":")
+        if password:
+            netloc = f"{user}:****@{hostinfo}"
+    query = parts.query
+    items = parse_qsl(query, keep_blank_values=True)
+    if any(key == "password" for key, _ in items):
+        masked = [(k, "****" if k == "password" else v) for k, v in items]
+        query = urlencode(masked, safe="/:*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -1,0 +1,56 @@
+"""``kvgate up``: run the whole single-machine stack in the foreground."""
+
+from __future__ import annotations
+
+import click
+
+from kvgate.settings import load_settings
+from kvgate.stack import Stack, run
+from kvgate.stack_parts import stack_parts
+
+
+@click.command()
+def up() -> None:
+    """Run the single-machine stack in the foreground until Ctrl-C or SIGTERM.
+
+    \b
+    Parts, started in this order and stopped in reverse:
+      postgres    DATABASE_URL if set (only probed), else an embedded PostgreSQL
+                  with its data in $KVGATE_HOME/pg (kept across restarts)
+      migrations  applies pending migrations/NNNN_*.sql (see `kvgate migrate`)
+      s3          KVGATE_S3_ENDPOINT if set (only probed), else SeaweedFS on free
+                  local ports with its data in $KVGATE_HOME/s3; creates the bucket
+                  KVGATE_S3_BUCKET either way
+      nas         creates KVGATE_NAS_PATH (default $KVGATE_HOME/nas), checks it is
+                  a writable directory
+      gateway     `kvgate gateway` on KVGATE_BIND_HOST:KVGATE_GATEWAY_PORT (OpenAI API
+                  under /v1), ready when GET /readyz answers
+
+    \b
+    Each part is waited for by probing it (a query, an S3 call, an HTTP health check)
+    for at most KVGATE_READY_TIMEOUT seconds, then one line is printed:
+      ready  <part>  <address>
+    Child processes log to $KVGATE_HOME/logs/<part>.log and receive DATABASE_URL,
+    KVGATE_S3_ENDPOINT, KVGATE_S3_ACCESS_KEY, KVGATE_S3_SECRET_KEY, KVGATE_S3_REGION,
+    KVGATE_S3_BUCKET, KVGATE_NAS_PATH and KVGATE_HOME from the parts before them.
+
+    \b
+    Ctrl-C or SIGTERM stops every part it started, newest first: SIGTERM, then
+    SIGKILL after KVGATE_STOP_TIMEOUT seconds (SeaweedFS alone would take ~25s to
+    finish its graceful shutdown; it is killed at the timeout, its data files are
+    written through); the embedded PostgreSQL is stopped with `pg_ctl stop` unless
+    another kvgate process still uses it. Exit status: 0 after a requested
+    stop; 1 when a part failed to start or died, with a message naming the part.
+    `kvgate config` shows the settings in effect.
+    """
+    settings = load_settings()
+    stack = Stack(stack_parts(settings), ready_timeout=settings.ready_timeout, echo=_out)
+    raise SystemExit(run(stack, echo=_out, echo_err=_err))
+
+
+def _out(line: str) -> None:
+    click.echo(line)
+
+
+def _err(line: str) -> None:
+    click.echo(line, err=True)

@@ -1,0 +1,181 @@
+"""The supervisor in-process with real parts: real child processes, real directories."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from kvgate.services.ports import free_port
+from kvgate.settings import Settings
+from kvgate.stack import PartError, Ready, Stack, StackFailure, StopRequested
+from kvgate.stack_parts import NasPart, http_service
+from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", stop_timeout=5.0)
+
+
+def _http_server(tmp_path: Path, name: str = "web") -> tuple[ProcessPart, int]:
+    """A real HTTP child: ``python -m http.server`` serving ``tmp_path``."""
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    argv += ["--directory", str(tmp_path)]
+    return http_service(_settings(tmp_path), name, argv, port, "/"), port
+
+
+def test_parts_start_in_order_report_addresses_and_stop_in_reverse(tmp_path: Path) -> None:
+    lines: list[str] = []
+    web, port = _http_server(tmp_path)
+    stack = Stack([NasPart(tmp_path / "nas"), web], ready_timeout=30, echo=lines.append)
+    try:
+        env = stack.start()
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200
+    finally:
+        stack.stop()
+    assert lines == [
+        f"ready  nas  {tmp_path / 'nas'}",
+        f"ready  web  http://127.0.0.1:{port}",
+        "stopped  web",
+        "stopped  nas",
+    ]
+    assert env == {"KVGATE_NAS_PATH": str(tmp_path / "nas")}
+    assert web.pid is not None and not psutil.pid_exists(web.pid)
+    log = (tmp_path / "home" / "logs" / "web.log").read_text()
+    assert "kvgate up starts" in log and "GET / HTTP" in log
+
+
+def test_child_gets_exports_of_earlier_parts_and_kvgate_home(tmp_path: Path) -> None:
+    out = tmp_path / "env.txt"
+    script = (
+        "import os, pathlib; pathlib.Path(os.environ['OUT']).write_text("
+        "os.environ['KVGATE_NAS_PATH'] + '|' + os.environ['KVGATE_HOME']); "
+        "import time; time.sleep(60)"  # stays up: a child that exits counts as failed
+    )
+    child = ProcessPart(
+        "envdump",
+        [sys.executable, "-c", script],
+        probe=lambda: Ready("done") if out.exists() else None,
+        log_path=tmp_path / "envdump.log",
+        env={"OUT": str(out), "KVGATE_HOME": "/kv/home"},
+    )
+    stack = Stack([NasPart(tmp_path / "nas"), child], ready_timeout=30, echo=lambda _: None)
+    try:
+        stack.start()
+    finally:
+        stack.stop()
+    assert out.read_text() == f"{tmp_path / 'nas'}|/kv/home"
+
+
+def test_child_that_exits_while_starting_fails_the_stack_naming_it(tmp_path: Path) -> None:
+    lines: list[str] = []
+    crash = ProcessPart(
+        "crasher",
+        [sys.executable, "-c", "import sys; print('no config here'); sys.exit(3)"],
+        probe=lambda: None,
+        log_path=tmp_path / "crasher.log",
+    )
+    nas = NasPart(tmp_path / "nas")
+    stack = Stack([nas, crash], ready_timeout=30, echo=lines.append)
+    with pytest.raises(StackFailure) as info:
+        stack.start()
+    stack.stop()
+    assert info.value.part == "crasher"
+    assert "exited with code 3" in info.value.cause and "no config here" in info.value.cause
+    assert lines == [f"ready  nas  {tmp_path / 'nas'}", "stopped  crasher", "stopped  nas"]
+
+
+def test_part_that_never_answers_times_out_with_the_last_probe_error(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    silent = ProcessPart(
+        "silent",
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        probe=http_probe(f"http://127.0.0.1:{port}/", Ready("never")),
+        log_path=tmp_path / "silent.log",
+        stop_timeout=5.0,
+    )
+    stack = Stack([silent], ready_timeout=0.5, echo=lambda _: None)
+    with pytest.raises(StackFailure, match=r"'silent' failed: not ready after 0s.*ConnectError"):
+        stack.start()
+    stack.stop()
+    assert silent.pid is not None and not psutil.pid_exists(silent.pid)
+
+
+def test_child_that_ignores_sigterm_is_killed_with_its_own_children(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = (
+        "import os, signal, subprocess, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "kid = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        f"pathlib.Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{kid.pid}}')\n"
+        "time.sleep(60)\n"
+    )
+    stubborn = ProcessPart(
+        "stubborn",
+        [sys.executable, "-c", script],
+        probe=lambda: Ready("up") if pids.exists() and " " in pids.read_text() else None,
+        log_path=tmp_path / "stubborn.log",
+        stop_timeout=0.5,
+    )
+    stack = Stack([stubborn], ready_timeout=30, echo=lambda _: None)
+    try:
+        stack.start()
+    finally:
+        stack.stop()
+    for pid in map(int, pids.read_text().split()):
+        assert not _alive(pid), f"process {pid} survived stop()"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie awaiting its reaper counts as gone)."""
+    deadline = time.monotonic() + 5  # an orphaned grandchild is reaped by init asynchronously
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_stop_requested_while_waiting_stops_started_parts(tmp_path: Path) -> None:
+    lines: list[str] = []
+    stack = Stack([NasPart(tmp_path / "nas")], ready_timeout=30, echo=lines.append)
+    stack.stop_requested.set()
+    with pytest.raises(StopRequested):
+        stack.start()
+    stack.stop()
+    assert lines == []
+
+
+def test_watch_reports_a_part_that_dies_after_it_was_ready(tmp_path: Path) -> None:
+    web, _port = _http_server(tmp_path, "dies")
+    stack = Stack([web], ready_timeout=30, echo=lambda _: None)
+    try:
+        stack.start()
+        assert web.pid is not None
+        psutil.Process(web.pid).kill()
+        with pytest.raises(StackFailure, match=r"'dies' failed: process exited with code -9"):
+            stack.watch(interval=0.05)
+    finally:
+        stack.stop()
+
+
+def test_nas_that_is_a_regular_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "nas"
+    path.write_text("not a directory")
+    with pytest.raises(PartError, match=r"is not a directory.*KVGATE_NAS_PATH"):
+        NasPart(path).start({})
+
+
+def test_kvgate_argv_runs_this_interpreters_cli() -> None:
+    out = subprocess.run(kvgate_argv("up", "--help"), capture_output=True, text=True, check=True)
+    assert "Usage: python -m kvgate up" in out.stdout

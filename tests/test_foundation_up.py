@@ -1,0 +1,151 @@
+"""``kvgate up`` end to end, as an operator runs it: a real process with a fresh KVGATE_HOME."""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from foundation_support import kvgate_env
+
+from kvgate.services.ports import free_port
+from migrations import runner
+
+STARTUP_DEADLINE_S = 120.0
+EXIT_DEADLINE_S = 60.0
+
+
+class Lines:
+    """The lines a child prints, collected by a thread so the test can wait with a deadline."""
+
+    def __init__(self, stream) -> None:
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, deadline_s: float) -> str:
+        """The first line matching ``pattern``; fails at the deadline or at end of output."""
+        deadline = time.monotonic() + deadline_s
+        for line in self.seen:
+            if re.search(pattern, line):
+                return line
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                pytest.fail(f"output ended before {pattern!r}; got {self.seen}")
+            self.seen.append(line)
+            if re.search(pattern, line):
+                return line
+        pytest.fail(f"no line matching {pattern!r} within {deadline_s:.0f}s; got {self.seen}")
+
+
+def processes_referencing(home: Path) -> list[str]:
+    """Command lines of live processes that mention ``home`` (ours would: -D, -dir=...)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(str(home) in a for a in cmdline):
+            found.append(" ".join(cmdline))
+    return found
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """A fresh KVGATE_HOME; afterwards nothing may still run from it."""
+    path = tmp_path / "home"
+    yield path
+    assert processes_referencing(path) == []
+
+
+def start_up(home: Path, **env: str) -> tuple[subprocess.Popen[str], Lines]:
+    env.setdefault("KVGATE_GATEWAY_PORT", str(free_port()))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvgate", "up"],
+        env=kvgate_env(home, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, Lines(proc.stdout)
+
+
+def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path) -> None:
+    port = free_port()
+    proc, lines = start_up(home, KVGATE_GATEWAY_PORT=str(port))
+    try:
+        pg = lines.wait_for(r"^ready  postgres  ", STARTUP_DEADLINE_S)
+        assert str(home / "pg") in pg
+        lines.wait_for(r"^ready  migrations  ", STARTUP_DEADLINE_S)
+        lines.wait_for(r"^ready  s3  http://127\.0\.0\.1:\d+ bucket=kvgate$", STARTUP_DEADLINE_S)
+        lines.wait_for(rf"^ready  nas  {re.escape(str(home / 'nas'))}$", STARTUP_DEADLINE_S)
+        lines.wait_for(rf"^ready  gateway  http://127\.0\.0\.1:{port}$", STARTUP_DEADLINE_S)
+        lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
+        assert processes_referencing(home), "expected postgres and weed running from KVGATE_HOME"
+
+        # a second process attaches to the same embedded server
+        status = subprocess.run(
+            [sys.executable, "-m", "kvgate", "migrate", "--status"],
+            env=kvgate_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        expected = [m.name for m in runner.discover()]
+        reported = [line.split()[:2] for line in status.stdout.splitlines()]
+        assert reported == [["applied", name] for name in expected]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(EXIT_DEADLINE_S)
+    lines.wait_for(r"^stopped  postgres$", EXIT_DEADLINE_S)
+    assert code == 0, lines.seen
+    assert [ln for ln in lines.seen if ln.startswith("stopped")] == [
+        "stopped  gateway",
+        "stopped  nas",
+        "stopped  s3",
+        "stopped  migrations",
+        "stopped  postgres",
+    ]
+    assert processes_referencing(home) == []
+
+
+def test_failing_part_stops_the_stack_and_is_named(home: Path) -> None:
+    home.mkdir()
+    not_a_dir = home / "nas-file"
+    not_a_dir.write_text("a regular file where the NAS directory should be")
+    proc, lines = start_up(home, KVGATE_NAS_PATH=str(not_a_dir))
+    code = proc.wait(STARTUP_DEADLINE_S)
+    message = lines.wait_for(r"part 'nas' failed", EXIT_DEADLINE_S)
+    assert code == 1
+    assert "is not a directory" in message and "KVGATE_NAS_PATH" in message
+    lines.wait_for(r"^stopped  postgres$", EXIT_DEADLINE_S)
+    assert "stopped  s3" in lines.seen
+    assert processes_referencing(home) == []
+
+
+def test_sigterm_during_startup_stops_what_was_started(home: Path) -> None:
+    proc, lines = start_up(home)
+    lines.wait_for(r"^ready  postgres  ", STARTUP_DEADLINE_S)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(EXIT_DEADLINE_S)
+    lines.wait_for(r"^stopped  postgres$", EXIT_DEADLINE_S)
+    assert code == 0, lines.seen
+    assert processes_referencing(home) == []
