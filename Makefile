@@ -6,7 +6,7 @@ VENV   := .venv
 PIP    := $(VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint format
+.PHONY: up test lint format readme
 
 up: $(VENV)/.installed
 	$(BIN)/kvgate up
@@ -23,6 +23,10 @@ lint: $(VENV)/.installed-dev
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# README.md's settings table is generated from kvgate/settings.py; a test checks it is current.
+readme: $(VENV)/.installed
+	$(BIN)/python -m kvgate.settings_doc README.md
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
