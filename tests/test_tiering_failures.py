@@ -20,7 +20,7 @@ from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectTier
 
-PAGE = 64
+PAGE = 1024  # tokens per page as the cost model sees them: lenient deadlines
 
 
 @contextlib.contextmanager

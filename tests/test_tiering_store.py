@@ -17,7 +17,7 @@ from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectTier
 
-PAGE = 64  # tokens per page as the cost model sees them: enough that fetching pays
+PAGE = 1024  # tokens per page as the cost model sees them: fetching pays, deadlines are lenient
 
 
 @pytest.fixture

@@ -1,0 +1,243 @@
+"""tierd: keeps the shared tiers within their limits and the ledger true.
+
+One pass, in order:
+
+1. **Reconcile** the NAS and the object store with the ledger: rows whose data is gone
+   lose their tier bit; blocks without a row (a writer died between data and row, or a
+   ledger write failed) are deleted once older than a grace period; stale temporary files
+   from dead writers are removed.
+2. **Retention** and **per-namespace quotas**: pages idle too long, and a namespace's
+   coldest pages beyond its quota, are deleted from every tier.
+3. **NAS watermarks**: above the high watermark, the least recently used pages are copied
+   to the object store (verified on the way: only blocks that decode are uploaded) and
+   only then deleted from the NAS, down to the low watermark.
+4. **Object-store capacity**: above its limit, the coldest objects are deleted.
+
+Any number of tierd processes may run: each pass takes a Postgres advisory lock and a
+process that cannot get it skips the pass, so no page is ever demoted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from tiering.codec import encode_header
+from tiering.failures import FailureLog
+from tiering.ledger import NAS, OBJECT, Entry, Ledger, Row
+from tiering.tiers.nas import NasTier
+from tiering.tiers.object import ObjectTier
+
+_PASS_LOCK = 0x6B7674696572640  # "kvtierd": one advisory lock id for every tierd
+
+
+@dataclass(frozen=True)
+class TierdConfig:
+    """Limits tierd enforces; a limit of 0 means none."""
+
+    nas_high_bytes: int = 0
+    nas_low_bytes: int = 0
+    object_max_bytes: int = 0
+    retention_s: float = 0.0
+    namespace_quota_bytes: int = 0
+    batch_pages: int = 256
+    #: blocks without a ledger row younger than this are left alone (a writer may be
+    #: between writing the data and recording its row)
+    orphan_grace_s: float = 600.0
+    interval_s: float = 30.0
+
+
+@dataclass
+class PassReport:
+    """What one pass did (all counts in pages unless named bytes)."""
+
+    skipped: bool = False
+    demoted: int = 0
+    nas_deleted: int = 0
+    object_deleted: int = 0
+    expired: int = 0
+    over_quota: int = 0
+    orphans_deleted: int = 0
+    rows_repaired: int = 0
+    nas_bytes: int = 0
+    object_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Tierd:
+    """One tierd: a ledger pool, the NAS and (optionally) the object store."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, nas: NasTier, obj: ObjectTier | None, config: TierdConfig
+    ) -> None:
+        if config.nas_high_bytes and config.nas_low_bytes > config.nas_high_bytes:
+            raise ValueError("nas_low_bytes must not exceed nas_high_bytes")
+        self.pool = pool
+        self.ledger = Ledger(pool)
+        self.nas = nas
+        self.obj = obj
+        self.config = config
+        self.failures = FailureLog()
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """Run passes every ``interval_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                await self.run_pass()
+            except Exception as exc:  # Postgres down: try again next interval
+                self.failures.record("tierd", "pass", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.interval_s)
+
+    async def run_pass(self) -> PassReport:
+        """One pass, or a report with ``skipped`` when another tierd is mid-pass."""
+        report = PassReport()
+        async with self.pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PASS_LOCK):
+                report.skipped = True
+                return report
+            try:
+                for step in (self._reconcile, self._expire, self._quotas, self._demote, self._cap):
+                    try:
+                        await step(report)
+                    except Exception as exc:  # one broken tier must not stop the others
+                        self.failures.record("tierd", step.__name__.strip("_"), exc)
+                        report.errors.append(f"{step.__name__.strip('_')}: {exc}")
+                report.nas_bytes = await self.ledger.usage(NAS)
+                report.object_bytes = await self.ledger.usage(OBJECT)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", _PASS_LOCK)
+        return report
+
+    # --- reconcile ------------------------------------------------------------------------------
+    async def _keys_with(self, tier: int) -> set[bytes]:
+        rows = await self.pool.fetch(
+            "SELECT key FROM kv_ledger WHERE tiers & $1::smallint <> 0", tier
+        )
+        return {r["key"] for r in rows}
+
+    async def _reconcile(self, report: PassReport) -> None:
+        cutoff = time.time() - self.config.orphan_grace_s
+        # Rows are read before the scan: data is written before its row, so a row seen
+        # here whose file the later scan misses has really lost its data.
+        rows = await self._keys_with(NAS)
+        entries = await asyncio.to_thread(lambda: list(self.nas.scan()))
+        on_disk = {e.key for e in entries if e.key is not None}
+        await self._repair(rows - on_disk, NAS, report)
+        # a block missing from the first read may have got its row since: ask again
+        maybe = [e.key for e in entries if e.key is not None and e.key not in rows]
+        held = await self.ledger.held(maybe, NAS) if maybe else set()
+        for e in entries:
+            if e.mtime < cutoff and (e.key is None or (e.key not in rows and e.key not in held)):
+                self.nas.remove(e.path)  # a dead writer's temporary, or data without a row
+                report.orphans_deleted += 1
+        if self.obj is None:
+            return
+        rows = await self._keys_with(OBJECT)
+        found = [e async for e in self.obj.scan()]
+        await self._repair(rows - {e.key for e in found if e.key}, OBJECT, report)
+        maybe = [e for e in found if e.key not in rows]
+        held = await self.ledger.held([e.key for e in maybe if e.key], OBJECT) if maybe else set()
+        dead = [e.name for e in maybe if e.key not in held and e.mtime < cutoff]
+        await self.obj.delete_names(dead)
+        report.orphans_deleted += len(dead)
+
+    async def _repair(self, keys: set[bytes], tier: int, report: PassReport) -> None:
+        if keys:
+            await self.ledger.drop(keys, tier)
+            report.rows_repaired += len(keys)
+
+    # --- deleting from every tier ---------------------------------------------------------------
+    async def _delete_everywhere(self, rows: Sequence[Row]) -> None:
+        keys = [r.key for r in rows]
+        await self.nas.delete_many([r.key for r in rows if r.tiers & NAS])
+        if self.obj is not None:
+            await self.obj.delete_many([r.key for r in rows if r.tiers & OBJECT])
+        # a row for a tier we cannot reach here is kept (its data is still there)
+        await self.ledger.drop(keys, NAS | (OBJECT if self.obj is not None else 0))
+
+    async def _expire(self, report: PassReport) -> None:
+        if not self.config.retention_s:
+            return
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.config.retention_s)
+        while rows := await self.ledger.idle_since(cutoff, self.config.batch_pages):
+            await self._delete_everywhere(rows)
+            report.expired += len(rows)
+            if len(rows) < self.config.batch_pages:
+                break
+
+    async def _quotas(self, report: PassReport) -> None:
+        quota = self.config.namespace_quota_bytes
+        if not quota:
+            return
+        for namespace, used in await self.ledger.over_quota(quota):
+            while used > quota:
+                rows = await self.ledger.coldest_in(namespace, self.config.batch_pages)
+                if not rows:
+                    break
+                rows = _enough(rows, used - quota)
+                await self._delete_everywhere(rows)
+                used -= sum(r.size for r in rows)
+                report.over_quota += len(rows)
+
+    # --- NAS watermarks and object capacity ------------------------------------------------------
+    async def _demote(self, report: PassReport) -> None:
+        high, low = self.config.nas_high_bytes, self.config.nas_low_bytes
+        used = await self.ledger.usage(NAS)
+        if not high or used <= high:
+            return
+        while used > low:
+            rows = await self.ledger.coldest(NAS, self.config.batch_pages)
+            if not rows:
+                break
+            rows = _enough(rows, used - low)
+            if self.obj is not None:
+                await self._copy_to_object([r for r in rows if not r.tiers & OBJECT], report)
+            keys = [r.key for r in rows]
+            await self.nas.delete_many(keys)  # only after the copies are recorded
+            await self.ledger.drop(keys, NAS)
+            report.nas_deleted += len(keys)
+            used -= sum(r.size for r in rows)
+
+    async def _copy_to_object(self, rows: list[Row], report: PassReport) -> None:
+        assert self.obj is not None
+        if not rows:
+            return
+        blocks = await self.nas.get_many([r.key for r in rows])
+        good = [b for b in blocks if b is not None]
+        await self.obj.put_many(good)  # raises on failure: then nothing is deleted
+        await self.ledger.record(
+            [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in good], OBJECT
+        )
+        report.demoted += len(good)
+
+    async def _cap(self, report: PassReport) -> None:
+        limit = self.config.object_max_bytes
+        if self.obj is None or not limit:
+            return
+        used = await self.ledger.usage(OBJECT)
+        while used > limit:
+            rows = await self.ledger.coldest(OBJECT, self.config.batch_pages)
+            if not rows:
+                break
+            rows = _enough(rows, used - limit)
+            await self.obj.delete_many([r.key for r in rows])
+            await self.ledger.drop([r.key for r in rows], OBJECT)
+            report.object_deleted += len(rows)
+            used -= sum(r.size for r in rows)
+
+
+def _enough(rows: list[Row], excess: int) -> list[Row]:
+    """The shortest head of ``rows`` (coldest first) whose sizes add up to ``excess``."""
+    total = 0
+    for i, row in enumerate(rows):
+        total += row.size
+        if total >= excess:
+            return rows[: i + 1]
+    return rows
