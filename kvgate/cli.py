@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "worker-sglang": "kvgate.cmd_worker_sglang:worker_sglang",
     "models": "kvgate.cmd_models:models_group",
     "bench": "kvgate.cmd_bench:bench",
+    "worker": "kvgate.cmd_worker:worker",
     "up": "kvgate.cmd_up:up",
     "admin": "kvgate.cmd_admin:admin",
     "gateway": "kvgate.cmd_gateway:gateway",

@@ -101,6 +101,25 @@ class Settings(BaseSettings):
     gateway_port: int = Field(8000, description="Gateway HTTP port.")
     worker_port: int = Field(30000, description="Built-in worker HTTP port.")
 
+    # --- the built-in worker, `kvgate worker` (WORKER SERVER) ----------------------------------
+    worker_model: str | None = Field(
+        None,
+        description="GGUF file, safetensors directory or `tiny-random`; unset means "
+        "SmolLM2-135M-Instruct (fetched once), served as `smollm2-135m-instruct`.",
+    )
+    worker_kv_pool_bytes: int = Field(
+        256 * 2**20, gt=0, description="Bytes of the device KV pool (the 'VRAM' tier)."
+    )
+    worker_page_size: int = Field(16, gt=0, description="Tokens per KV page.")
+    worker_max_batch: int = Field(32, gt=0, description="Most requests decoding at once.")
+    worker_token_budget: int = Field(
+        2048, gt=0, description="Most tokens (prefill chunks + decode) in one engine step."
+    )
+    worker_device: str = Field("auto", description="torch device; auto = cuda if available.")
+    worker_dtype: str = Field(
+        "auto", description="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)."
+    )
+
     # --- SGLang workers (SGLANG) ---------------------------------------------------------------
     sglang_python: str | None = Field(
         None,

@@ -231,3 +231,69 @@ async def test_flush_cache_and_abort_unknown(
     assert engine.load().cached_pages == 0
     resp = await client.post("/abort_request", json={"rid": "no-such-request"})
     assert resp.json() == {"rid": "no-such-request", "aborted": False}
+
+
+async def chat(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
+    return await client.post("/v1/chat/completions", json={"model": MODEL, **fields})
+
+
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+async def test_chat_completion_applies_the_template(client: httpx.AsyncClient) -> None:
+    resp = await chat(client, messages=HELLO, max_tokens=6, **GREEDY)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    # SmolLM2's template adds a default system turn: far more prompt tokens than "Hello!".
+    assert body["usage"]["prompt_tokens"] > 20
+
+
+async def test_chat_stream_opens_with_the_role_and_ends_with_done(
+    client: httpx.AsyncClient,
+) -> None:
+    whole = (await chat(client, messages=HELLO, max_tokens=6, **GREEDY)).json()
+    resp = await chat(client, messages=HELLO, max_tokens=6, stream=True, **GREEDY)
+    payloads = sse_payloads(resp.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert "usage" not in chunks[-1]  # no include_usage, no usage
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"messages": []}, "messages", "at least 1"),
+        ({"messages": "Hello"}, "messages", "valid list"),
+        ({"messages": [{"role": "user"}]}, "messages.0", "needs 'content'"),
+        ({"messages": [{"content": "hi"}]}, "messages.0.role", "required"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", "unknown role"),
+        ({"messages": HELLO, "max_tokens": -1}, "max_tokens", "greater than or equal to 1"),
+        ({"messages": HELLO, "max_completion_tokens": 10**8}, "max_completion_tokens", "less than"),
+        ({"messages": HELLO, "max_tokens": TINY_CONTEXT}, "max_tokens", "context"),
+        ({"messages": [{"role": "user", "content": "hi " * TINY_CONTEXT}]}, "messages", "shorten"),
+        ({"messages": HELLO, "logprobs": True}, None, "logprobs are not supported"),
+    ],
+)
+async def test_bad_chat_requests_get_400_with_a_message(
+    client: httpx.AsyncClient, fields: dict, param: str | None, words: str
+) -> None:
+    resp = await chat(client, **fields)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param
+    assert words in error["message"]
+
+
+async def test_chat_for_an_unknown_model_is_404_model_not_found(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/chat/completions", json={"model": "nope", "messages": HELLO})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "model_not_found"
+    assert "'nope'" in resp.json()["error"]["message"]

@@ -11,9 +11,10 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from kvgate.serving import chat_template_of
 from workers.context import ServerConfig
 from workers.engine.engine import EngineOptions, TorchEngine
-from workers.engine.tokenizer import Tokenizer, load_tokenizer
+from workers.engine.tokenizer import load_tokenizer
 from workers.engine.weights import TINY_RANDOM, tiny_random
 from workers.server import create_app
 
@@ -28,17 +29,10 @@ def tiny_engine(**options: object) -> TorchEngine:
     return TorchEngine(config, state, opts, model_id=TINY_RANDOM)
 
 
-def chat_template(tokenizer: Tokenizer) -> Callable[[list[dict]], str]:
-    """The model's own chat template as the server takes it."""
-    from workers.engine.chat_template import ChatTemplate
-
-    return ChatTemplate(tokenizer.chat_template).render
-
-
 def worker_app(engine: TorchEngine, gguf: Path, config: ServerConfig | None = None) -> Starlette:
     """The worker app around ``engine`` with the tokenizer and template of ``gguf``."""
     tokenizer = load_tokenizer(gguf)
-    return create_app(engine, tokenizer, chat_template(tokenizer), config)
+    return create_app(engine, tokenizer, chat_template_of(tokenizer), config)
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -35,8 +35,8 @@ def openai_routes(ctx: WorkerContext) -> list[Route]:
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         try:
             prompt = ctx.chat_template(messages)
-        except Exception as exc:
-            # Templates raise on conversations they cannot render (e.g. role order).
+        except ValueError as exc:
+            # Templates refuse conversations they cannot render (e.g. role order).
             raise RequestError(
                 f"the chat template rejected the messages: {exc}", param="messages"
             ) from None

@@ -1,0 +1,93 @@
+"""``kvgate worker``: serve one model with the built-in torch engine over HTTP.
+
+With no ``--model`` it serves SmolLM2-135M-Instruct (fetched once) as the model id
+``smollm2-135m-instruct``. It prints ``worker ready at http://HOST:PORT model=ID`` once the
+socket accepts connections (``kvgate up`` waits for that, then probes ``GET /health``).
+SIGTERM or Ctrl-C stop accepting, let running requests finish, then stop the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from importlib.metadata import version
+
+import click
+import uvicorn
+
+from kvgate.serving import build_engine, load_model, worker_options
+from kvgate.settings import load_settings
+from workers.context import ServerConfig
+from workers.server import create_app
+
+#: Seconds running requests get to finish after SIGTERM before the server closes them.
+GRACEFUL_SHUTDOWN_S = 30
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, announcing the bound address once it really listens, exiting 0 on SIGTERM."""
+
+    def __init__(self, config: uvicorn.Config, model_id: str) -> None:
+        super().__init__(config)
+        self.model_id = model_id
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            click.echo(f"worker ready at http://{host}:{port} model={self.model_id}")
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises SIGTERM/SIGINT after its graceful drain, killing the process
+        # before the engine is closed; a drained worker should instead stop cleanly (exit 0).
+        handlers = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+@click.command()
+@click.option("--model", help="GGUF file, safetensors dir or tiny-random (default: SmolLM2).")
+@click.option("--host", help="Bind address (default: KVGATE_BIND_HOST).")
+@click.option("--port", type=int, help="Port; 0 picks a free one (default: KVGATE_WORKER_PORT).")
+@click.option("--kv-pool-bytes", type=int, help="Bytes of the device KV pool.")
+@click.option("--page-size", type=int, help="Tokens per KV page (default 16).")
+@click.option("--max-batch", type=int, help="Most requests decoding at once.")
+@click.option("--token-budget", type=int, help="Most tokens in one engine step.")
+@click.option("--device", help="torch device: auto, cpu, cuda, cuda:1 ...")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+def worker(host: str | None, port: int | None, **engine_flags: object) -> None:
+    """Serve a model with the built-in engine (OpenAI and SGLang-native HTTP API)."""
+    settings = load_settings()
+    options = worker_options(settings, **engine_flags)
+    loaded = load_model(options)
+    engine = build_engine(loaded, options)
+    info = {
+        "version": version("kvgate"),
+        "model": options.model or loaded.model_id,
+        "device": options.engine.device,
+        "dtype": options.engine.dtype,
+        "kv_pool_bytes": options.engine.kv_pool_bytes,
+        "page_size": options.engine.page_size,
+        "max_batch": options.engine.max_batch,
+        "token_budget": options.engine.token_budget,
+    }
+    app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(server_info=info))
+    config = uvicorn.Config(
+        app,
+        host=host or settings.bind_host,
+        port=settings.worker_port if port is None else port,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        log_level="info",
+    )
+    try:
+        asyncio.run(_Server(config, loaded.model_id).serve())
+    finally:
+        engine.close()

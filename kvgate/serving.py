@@ -1,0 +1,96 @@
+"""Loading a model and building the built-in engine, from settings: shared by `kvgate worker`
+and `kvgate bench engine` so that the benchmark measures exactly what the worker serves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvgate.models import DEFAULT_MODEL, ensure_model
+from kvgate.settings import Settings, load_settings
+from workers.context import ChatTemplate, TextTokenizer
+from workers.engine.chat_template import ChatTemplate as Template
+from workers.engine.config import ModelConfig
+from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.tokenizer import Tokenizer, load_tokenizer
+from workers.engine.weights import TINY_RANDOM, load_model_weights
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Which model to serve and how to size the engine."""
+
+    #: GGUF file, safetensors directory, ``tiny-random``, or None for the default model
+    model: str | None
+    models_dir: Path
+    engine: EngineOptions
+
+
+def worker_options(settings: Settings | None = None, **overrides: Any) -> WorkerOptions:
+    """Options from ``settings`` (read from the environment when None); ``overrides`` that are
+    not None win (command-line flags: ``model``, ``kv_pool_bytes``, ``page_size``, ...)."""
+    s = settings or load_settings()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    engine = EngineOptions(
+        device=given.pop("device", s.worker_device),
+        dtype=given.pop("dtype", s.worker_dtype),
+        kv_pool_bytes=given.pop("kv_pool_bytes", s.worker_kv_pool_bytes),
+        page_size=given.pop("page_size", s.worker_page_size),
+        max_batch=given.pop("max_batch", s.worker_max_batch),
+        token_budget=given.pop("token_budget", s.worker_token_budget),
+    )
+    model = given.pop("model", s.worker_model)
+    if given:
+        raise TypeError(f"unknown worker options: {', '.join(sorted(given))}")
+    return WorkerOptions(model=model, models_dir=s.models_dir, engine=engine)
+
+
+@dataclass
+class LoadedModel:
+    """Weights plus the text tools that go with them."""
+
+    model_id: str
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: TextTokenizer
+    chat_template: ChatTemplate
+
+
+def load_model(options: WorkerOptions) -> LoadedModel:
+    """Load the weights, tokenizer and chat template ``options.model`` names.
+
+    ``tiny-random`` has SmolLM2's vocabulary, so it borrows SmolLM2's tokenizer and template.
+    """
+    spec = options.model
+    if spec is None or spec == TINY_RANDOM:
+        text_source = ensure_model(options.models_dir, DEFAULT_MODEL)
+        model_id = DEFAULT_MODEL if spec is None else TINY_RANDOM
+        weights: str | Path = text_source if spec is None else TINY_RANDOM
+    else:
+        text_source = Path(spec)
+        model_id = text_source.stem.lower() if text_source.is_file() else text_source.name.lower()
+        weights = text_source
+    config, state = load_model_weights(weights)
+    tokenizer = load_tokenizer(text_source)
+    return LoadedModel(model_id, config, state, tokenizer, chat_template_of(tokenizer))
+
+
+def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
+    """The chat template shipped with the tokenizer, as the server calls it."""
+    source = tokenizer.chat_template
+    if source is None:
+
+        def missing(messages: list[dict[str, Any]]) -> str:
+            raise ValueError("this model has no chat template; use /v1/completions instead")
+
+        return missing
+    special = tokenizer.special
+    return Template(source, bos_token=special.bos, eos_token=special.eos).render
+
+
+def build_engine(loaded: LoadedModel, options: WorkerOptions) -> TorchEngine:
+    """A running engine for ``loaded`` (its thread starts now; ``close()`` stops it)."""
+    return TorchEngine(loaded.config, loaded.state, options.engine, model_id=loaded.model_id)
