@@ -15,6 +15,7 @@ import click
 COMMANDS: dict[str, str] = {
     "config": "kvgate.cmd_config:config",
     "migrate": "kvgate.cmd_migrate:migrate",
+    "tierd": "kvgate.cmd_tierd:tierd",
     "worker-sglang": "kvgate.cmd_worker_sglang:worker_sglang",
     "models": "kvgate.cmd_models:models_group",
     "bench": "kvgate.cmd_bench:bench",

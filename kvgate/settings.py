@@ -72,6 +72,42 @@ class Settings(BaseSettings):
         None, description="NAS directory (an NFS mount in production); default $KVGATE_HOME/nas."
     )
 
+    # --- KV tiering: host RAM, NAS, object store, tierd (TIERING) ------------------------------
+    tier_host_bytes: int = Field(1 << 30, ge=0, description="Host-RAM (L2) KV budget in bytes.")
+    tier_write_queue_pages: int = Field(
+        4096, gt=0, description="Evicted pages waiting for the NAS; beyond this they are dropped."
+    )
+    tier_nas_fsync: bool = Field(True, description="fsync each NAS block before its rename.")
+    tier_nas_high_bytes: int = Field(
+        10 << 30, ge=0, description="tierd demotes NAS pages to S3 above this (0 = no limit)."
+    )
+    tier_nas_low_bytes: int = Field(
+        8 << 30, ge=0, description="...down to this many bytes on the NAS."
+    )
+    tier_object_max_bytes: int = Field(
+        0, ge=0, description="tierd deletes the coldest S3 pages above this (0 = no limit)."
+    )
+    tier_object_concurrency: int = Field(32, gt=0, description="S3 requests in flight per process.")
+    tier_object_max_attempts: int = Field(
+        4, gt=0, description="Tries per S3 request (backoff on throttling, 5xx, timeouts)."
+    )
+    tier_object_timeout_s: float = Field(10.0, gt=0, description="S3 read timeout per try.")
+    tier_retention_s: float = Field(
+        0.0, ge=0, description="Delete pages idle longer than this from every tier (0 = keep)."
+    )
+    tier_namespace_quota_bytes: int = Field(
+        0, ge=0, description="Bytes one namespace (tenant + model) may keep (0 = no quota)."
+    )
+    tier_deadline_nas_s: float = Field(2.0, gt=0, description="Longest a NAS fetch may take.")
+    tier_deadline_object_s: float = Field(5.0, gt=0, description="Longest an S3 fetch may take.")
+    tier_ledger_timeout_s: float = Field(
+        0.5, gt=0, description="Longest a ledger query may take on the serving path."
+    )
+    tierd_interval_s: float = Field(30.0, gt=0, description="Seconds between tierd passes.")
+    tierd_orphan_grace_s: float = Field(
+        600.0, ge=0, description="Age before tierd deletes a block that has no ledger row."
+    )
+
     # --- gateway (GATEWAY) ------------------------------------------------------------------
     gateway_trusted_proxies: list[str] = Field(
         default_factory=list,

@@ -7,10 +7,13 @@ and one bucket prefix, so sharing the session ledger would let tests see each ot
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -160,3 +163,41 @@ async def test_quota_retention_and_object_capacity(env) -> None:
     report = await Tierd(pool, nas, obj, TierdConfig(retention_s=1e-6)).run_pass()
     assert report.expired == 3
     assert report.object_bytes == 0 and [e async for e in obj.scan()] == []
+
+
+async def test_kvgate_tierd_once_runs_a_pass_from_settings(
+    env, pg_dsn: str, fresh_db: str, nas_dir: Path, s3_server: S3Endpoint
+) -> None:
+    pool, nas, obj = env
+    blocks = chain(namespace(), 6)
+    await _spill(pool, nas, obj, blocks)
+    page = _size(blocks[0])
+    dsn = urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{fresh_db}"))
+    env_vars = {
+        **os.environ,
+        "DATABASE_URL": dsn,
+        "KVGATE_NAS_PATH": str(nas_dir),
+        "KVGATE_S3_ENDPOINT": s3_server.url,
+        "KVGATE_S3_ACCESS_KEY": s3_server.access_key,
+        "KVGATE_S3_SECRET_KEY": s3_server.secret_key,
+        "KVGATE_S3_BUCKET": "kvtest",
+        "KVGATE_S3_PREFIX": obj.config.prefix,
+        "KVGATE_TIER_NAS_HIGH_BYTES": str(4 * page),
+        "KVGATE_TIER_NAS_LOW_BYTES": str(2 * page),
+        "KVGATE_CONFIG": str(nas_dir / "absent.toml"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kvgate",
+        "tierd",
+        "--once",
+        env=env_vars,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["demoted"] == 4 and report["nas_bytes"] == 2 * page
+    assert len([e async for e in obj.scan()]) == 4
