@@ -62,6 +62,11 @@ class SGLangBackendOptions:
     s3_region: str = "us-east-1"
     #: model identity folded into every key (the served model id or its path)
     model: str = ""
+    #: bytes of pages kept in this process while they wait to be written to the NAS
+    #: (SGLang's own host pool is the real L2; this is only the write-behind staging)
+    host_bytes: int = 256 << 20
+    #: pages waiting for the NAS beyond which new writes are dropped (and counted)
+    write_queue_pages: int = 4096
     #: seconds one existence query may take before it answers "not present"
     exists_deadline_s: float = 0.5
     #: seconds one batch read may take; pages not read by then are misses
@@ -72,7 +77,13 @@ class SGLangBackendOptions:
     def __post_init__(self) -> None:
         if not self.nas_path:
             raise ValueError("nas_path is required: the NAS directory shared by all workers")
-        for name in ("exists_deadline_s", "get_deadline_s", "set_deadline_s"):
+        for name in (
+            "exists_deadline_s",
+            "get_deadline_s",
+            "set_deadline_s",
+            "host_bytes",
+            "write_queue_pages",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -1,0 +1,124 @@
+"""A replica of SGLang 0.5.23's MHA host KV pool (``MHATokenToKVPoolHost``), CPU tensors only.
+
+Why a replica: the real class lives in ``sglang.srt.mem_cache.pool_host``, whose package
+import chain reaches ``torchvision``, and no torchvision build runs beside the CPU torch
+2.13 this project pins. The methods a storage backend calls are copied from
+``sglang/srt/mem_cache/pool_host/mha.py`` (``init_kv_buffer``, ``get_data_page``,
+``get_dummy_flat_data_page``, ``set_from_flat_data_page``, ``get_page_buffer_meta``,
+``get_size_per_token``) for the ``page_first`` and ``layer_first`` layouts, with the same
+tensor shapes and pointer arithmetic, so the backend sees exactly the memory SGLang hands it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class MHAHostPoolReplica:
+    """K and V for ``size`` token slots of ``layer_num`` layers, laid out as SGLang does."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        layer_num: int,
+        head_num: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        layout: str = "page_first",
+    ) -> None:
+        assert size % page_size == 0
+        self.size, self.page_size, self.layout = size, page_size, layout
+        self.layer_num, self.head_num, self.head_dim = layer_num, head_num, head_dim
+        self.dtype = dtype
+        self.device = "cpu"
+        self.pin_memory = False
+        if layout == "page_first":
+            dims = (2, size, layer_num, head_num, head_dim)
+        elif layout == "layer_first":
+            dims = (2, layer_num, size, head_num, head_dim)
+        else:
+            raise ValueError(f"the replica implements page_first and layer_first, not {layout}")
+        self.kv_buffer = torch.zeros(dims, dtype=dtype)
+        self._next_free = 0
+
+    def alloc(self, need_size: int) -> torch.Tensor:
+        """``need_size`` consecutive token slots (page aligned), as host indices."""
+        assert need_size % self.page_size == 0 and self._next_free + need_size <= self.size
+        start, self._next_free = self._next_free, self._next_free + need_size
+        return torch.arange(start, start + need_size, dtype=torch.int64)
+
+    def fill_random(self, indices: torch.Tensor, seed: int) -> None:
+        """Random KV in the slots ``indices`` (stand-in for a GPU→host backup)."""
+        gen = torch.Generator().manual_seed(seed)
+        idx = indices.tolist()
+        if self.layout == "page_first":
+            shape = (2, len(idx), self.layer_num, self.head_num, self.head_dim)
+            self.kv_buffer[:, idx] = torch.randn(shape, generator=gen).to(self.dtype)
+        else:
+            shape = (2, self.layer_num, len(idx), self.head_num, self.head_dim)
+            self.kv_buffer[:, :, idx] = torch.randn(shape, generator=gen).to(self.dtype)
+
+    def page_bytes(self, index: int) -> bytes:
+        """The raw bytes of the page starting at slot ``index`` (flat data page order)."""
+        return self.get_data_page(index, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+    # --- copied from sglang/srt/mem_cache/pool_host/mha.py (MHATokenToKVPoolHost) ---------
+    def get_size_per_token(self) -> int:
+        return 2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        if self.layout == "layer_first":
+            data_page = self.kv_buffer[:, :, index : index + self.page_size, :, :]
+        else:
+            data_page = self.kv_buffer[:, index : index + self.page_size, :, :, :]
+        if flat:
+            data_page = data_page.flatten()
+        return data_page
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        return torch.zeros(
+            (2, self.layer_num, self.page_size, self.head_num, self.head_dim), dtype=self.dtype
+        ).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        if self.layout == "layer_first":
+            self.kv_buffer[:, :, index : index + self.page_size, :, :] = data_page.reshape(
+                2, self.layer_num, self.page_size, self.head_num, self.head_dim
+            )
+        else:
+            self.kv_buffer[:, index : index + self.page_size, :, :, :] = data_page.reshape(
+                2, self.page_size, self.layer_num, self.head_num, self.head_dim
+            )
+
+    def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        assert len(indices) % self.page_size == 0
+        ptr_list = []
+        kv_buffer_data_ptr = self.kv_buffer.data_ptr()
+        indices = indices.tolist()
+        itemsize = self.dtype.itemsize
+        v_offset = self.layer_num * self.size * self.head_num * self.head_dim * itemsize
+        if self.layout == "layer_first":
+            for index in range(0, len(indices), self.page_size):
+                for layer_id in range(self.layer_num):
+                    k_ptr = (
+                        kv_buffer_data_ptr
+                        + indices[index] * self.head_num * self.head_dim * itemsize
+                        + layer_id * self.size * self.head_num * self.head_dim * itemsize
+                    )
+                    ptr_list.append(k_ptr)
+                    ptr_list.append(k_ptr + v_offset)
+            element_size = itemsize * self.page_size * self.head_num * self.head_dim
+        else:
+            for index in range(0, len(indices), self.page_size):
+                k_ptr = (
+                    kv_buffer_data_ptr
+                    + indices[index] * self.layer_num * self.head_num * self.head_dim * itemsize
+                )
+                ptr_list.append(k_ptr)
+                ptr_list.append(k_ptr + v_offset)
+            element_size = (
+                self.layer_num * itemsize * self.page_size * self.head_num * self.head_dim
+            )
+        return ptr_list, [element_size] * len(ptr_list)

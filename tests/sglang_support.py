@@ -1,0 +1,91 @@
+"""Building our SGLang storage backend the way SGLang does, for the tests/test_sglang_* files."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from sglang_host_pool import MHAHostPoolReplica
+
+from kvgate.services.seaweed import S3Endpoint
+from tiering.sglang_options import (
+    DATABASE_URL_ENV,
+    S3_ACCESS_KEY_ENV,
+    S3_SECRET_KEY_ENV,
+    SGLangBackendOptions,
+)
+
+PAGE = 4  # tokens per page: small pages keep the tests fast, the code paths are the same
+
+
+def backend_env(monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3: S3Endpoint) -> None:
+    """The secrets the launcher puts in the SGLang process's environment."""
+    monkeypatch.setenv(DATABASE_URL_ENV, pg_dsn)
+    monkeypatch.setenv(S3_ACCESS_KEY_ENV, s3.access_key)
+    monkeypatch.setenv(S3_SECRET_KEY_ENV, s3.secret_key)
+
+
+def options(nas_dir: Path, s3: S3Endpoint, prefix: str, **kw: object) -> SGLangBackendOptions:
+    """Backend options on the test NAS and S3 bucket ``kvtest`` under ``prefix``.
+
+    Deadlines are generous: these tests check results, and a shared 2-core machine must
+    not turn a correct read into a deadline miss.
+    """
+    fields: dict[str, object] = {
+        "exists_deadline_s": 10.0,
+        "get_deadline_s": 30.0,
+        "set_deadline_s": 30.0,
+        **kw,
+    }
+    return SGLangBackendOptions(
+        nas_path=str(nas_dir),
+        s3_endpoint=s3.url,
+        s3_bucket="kvtest",
+        s3_prefix=prefix,
+        s3_region=s3.region,
+        model="test-model",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def unique_prefix() -> str:
+    return f"sg-{uuid.uuid4().hex[:12]}/"
+
+
+def host_pool(layout: str = "page_first", pages: int = 32) -> MHAHostPoolReplica:
+    return MHAHostPoolReplica(
+        size=pages * PAGE, page_size=PAGE, layer_num=3, head_num=2, head_dim=8, layout=layout
+    )
+
+
+def create_backend(opts: SGLangBackendOptions, pool: MHAHostPoolReplica, *, tp_rank: int = 0):
+    """What SGLang's HiCacheController does on attach: factory ``dynamic`` path, then register."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    config = HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=2,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=True,
+        is_page_first_layout=pool.layout == "page_first",
+        model_name="org/test-model",
+        # SGLang hands the parsed JSON of --hicache-storage-backend-extra-config.
+        extra_config=opts.to_extra_config(),
+    )
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def sglang_keys(n_pages: int, salt: str | None = None, first: int = 0) -> list[str]:
+    """SGLang's own storage page keys for a prompt of ``n_pages`` pages."""
+    from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
+
+    tokens = list(range(first, first + n_pages * PAGE))
+    return get_hash_str(tokens, storage_namespace_seed(None, salt), page_size=PAGE)

@@ -1,0 +1,280 @@
+"""Our HiCache storage backend, loaded and driven the way SGLang 0.5.23 drives it.
+
+The backend is created through SGLang's own ``StorageBackendFactory`` dynamic path and
+called with SGLang's own page keys, on CPU tensors laid out like SGLang's host pool
+(``sglang_host_pool.MHAHostPoolReplica``), against the real NAS directory, S3 server and
+Postgres ledger of the session.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "sglang.srt.mem_cache.hicache_storage", reason="run scripts/install-sglang-test-deps.sh"
+)
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang_host_pool import MHAHostPoolReplica
+from sglang_support import (
+    PAGE,
+    backend_env,
+    create_backend,
+    host_pool,
+    options,
+    sglang_keys,
+    unique_prefix,
+)
+
+from kvgate.services.seaweed import S3Endpoint
+from tiering.sglang_backend import KvgateHiCacheStorage
+from tiering.sglang_options import DATABASE_URL_ENV
+from tiering.tiers.nas import NasConfig, NasTier
+
+Make = Callable[..., KvgateHiCacheStorage]
+
+
+@pytest.fixture
+def make(
+    monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3_server: S3Endpoint, nas_dir: Path
+) -> Iterator[Make]:
+    """Backends on this test's NAS dir and S3 prefix; each call is a fresh SGLang process."""
+    backend_env(monkeypatch, pg_dsn, s3_server)
+    prefix = unique_prefix()
+    made: list[HiCacheStorage] = []
+
+    def _make(pool: MHAHostPoolReplica | None = None, **kw: object) -> KvgateHiCacheStorage:
+        tp_rank = int(kw.pop("tp_rank", 0))  # type: ignore[call-overload]
+        backend = create_backend(
+            options(nas_dir, s3_server, prefix, **kw), pool or host_pool(), tp_rank=tp_rank
+        )
+        made.append(backend)
+        return backend  # type: ignore[return-value]
+
+    yield _make
+    for backend in made:
+        backend.close()
+
+
+def _pages(pool: MHAHostPoolReplica, indices: torch.Tensor) -> list[bytes]:
+    return [pool.page_bytes(int(i)) for i in indices[::PAGE]]
+
+
+def test_loaded_through_sglangs_factory(make: Make) -> None:
+    backend = make()
+    assert type(backend) is KvgateHiCacheStorage
+    assert isinstance(backend, HiCacheStorage)
+
+
+def test_generic_interface_round_trip(make: Make) -> None:
+    src = host_pool()
+    idx = src.alloc(5 * PAGE)
+    src.fill_random(idx, seed=1)
+    keys = sglang_keys(5, salt="team-a")
+    writer = make(src)
+    # What HiCacheController._generic_page_set does.
+    flat = [src.get_data_page(int(idx[i * PAGE])) for i in range(5)]
+    assert writer.batch_set(keys, flat) is True
+    assert writer.batch_exists(keys) == 5
+    writer.flush()
+
+    dst = host_pool()
+    reader = make(dst)  # another worker: nothing staged in its process
+    assert reader.batch_exists([*keys, *sglang_keys(1, salt="other")]) == 5
+    # What HiCacheController._generic_page_get does.
+    got = reader.batch_get(keys, [dst.get_dummy_flat_data_page() for _ in keys])
+    assert all(page is not None for page in got)
+    out = dst.alloc(5 * PAGE)
+    for i, page in enumerate(got):
+        dst.set_from_flat_data_page(int(out[i * PAGE]), page)
+    assert _pages(dst, out) == _pages(src, idx)
+    single = reader.get(keys[2])
+    assert single.view(torch.uint8).numpy().tobytes() == src.page_bytes(int(idx[2 * PAGE]))
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_zero_copy_round_trip_matches_generic_bytes(make: Make, layout: str) -> None:
+    src = host_pool(layout)
+    idx = src.alloc(4 * PAGE)
+    src.fill_random(idx, seed=2)
+    keys = sglang_keys(4, salt=f"zc-{layout}")
+    writer = make(src)
+    assert writer.batch_set_v1(keys, idx) == [True] * 4
+    writer.flush()
+
+    dst = host_pool(layout)
+    reader = make(dst)
+    out = dst.alloc(4 * PAGE)
+    assert reader.batch_get_v1(keys, out) == [True] * 4
+    assert _pages(dst, out) == _pages(src, idx)
+    # Both interfaces store the flat data page, so either can read the other's pages.
+    flat = reader.batch_get(keys[:1], [dst.get_dummy_flat_data_page()])[0]
+    assert flat.view(torch.uint8).numpy().tobytes() == src.page_bytes(int(idx[0]))
+
+
+def test_a_corrupted_page_is_a_miss(make: Make, nas_dir: Path) -> None:
+    src = host_pool()
+    idx = src.alloc(3 * PAGE)
+    src.fill_random(idx, seed=3)
+    keys = sglang_keys(3, salt="corrupt")
+    writer = make(src)
+    writer.batch_set_v1(keys, idx)
+    writer.flush()
+    path = NasTier(NasConfig(root=nas_dir)).path(writer.scoped_key(keys[1]))
+    raw = bytearray(path.read_bytes())
+    raw[-7] ^= 0x40  # one bit of KV payload
+    path.write_bytes(bytes(raw))
+
+    dst = host_pool()
+    reader = make(dst)
+    out = dst.alloc(3 * PAGE)
+    assert reader.batch_get_v1(keys, out) == [True, False, False]
+    assert _pages(dst, out)[0] == src.page_bytes(int(idx[0]))
+    # The bad page never reached SGLang's memory, and it is gone from the NAS.
+    assert set(_pages(dst, out)[1]) == {0}
+    assert not path.exists()
+    assert reader.batch_exists(keys) == 1
+
+
+def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
+    src = host_pool()
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=4)
+    keys = sglang_keys(2, salt="tp")
+    rank0 = make(src, tp_rank=0)
+    rank0.batch_set_v1(keys, idx)
+    rank0.flush()
+    assert make(host_pool(), tp_rank=1).batch_exists(keys) == 0
+    assert make(host_pool(), tp_rank=0).batch_exists(keys) == 2
+
+
+def test_eight_threads_mixed_calls_are_correct(make: Make) -> None:
+    pool = host_pool(pages=8 * 12)
+    backend = make(pool)
+    shared_keys = sglang_keys(2, salt="shared")
+    shared_src = pool.alloc(2 * PAGE)
+    pool.fill_random(shared_src, seed=99)
+    work = []
+    for t in range(8):
+        src, dst = pool.alloc(4 * PAGE), pool.alloc(4 * PAGE)
+        pool.fill_random(src, seed=100 + t)
+        work.append((sglang_keys(4, salt=f"thread-{t}"), src, dst))
+    expected = {
+        k: pool.page_bytes(int(i)) for k, i in zip(shared_keys, shared_src[::PAGE], strict=True)
+    }
+    for keys, src, _ in work:
+        expected.update(
+            {k: pool.page_bytes(int(i)) for k, i in zip(keys, src[::PAGE], strict=True)}
+        )
+    errors: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def worker(t: int) -> None:
+        keys, src, dst = work[t]
+        rng = random.Random(t)
+        barrier.wait()
+        for _ in range(30):
+            op = rng.choice(["set", "get", "exists", "shared"])
+            if op == "set":
+                backend.batch_set_v1(keys, src)
+            elif op == "exists":
+                n = backend.batch_exists(keys)
+                if n not in (0, 4):  # a chain is written as one batch
+                    errors.append(f"thread {t}: exists said {n}")
+            elif op == "get":
+                ok = backend.batch_get_v1(keys, dst)
+                for j, hit in enumerate(ok):
+                    if hit and pool.page_bytes(int(dst[j * PAGE])) != expected[keys[j]]:
+                        errors.append(f"thread {t}: page {j} has wrong bytes")
+            else:
+                backend.batch_set_v1(shared_keys, shared_src)
+                flat = backend.batch_get(
+                    shared_keys, [pool.get_dummy_flat_data_page() for _ in shared_keys]
+                )
+                for k, page in zip(shared_keys, flat, strict=True):
+                    if page is not None and page.view(torch.uint8).numpy().tobytes() != expected[k]:
+                        errors.append(f"thread {t}: shared page has wrong bytes")
+        # Every thread's own pages are readable and exact at the end.
+        backend.batch_set_v1(keys, src)
+        if backend.batch_get_v1(keys, dst) != [True] * 4:
+            errors.append(f"thread {t}: final read missed")
+        elif [pool.page_bytes(int(i)) for i in dst[::PAGE]] != [expected[k] for k in keys]:
+            errors.append(f"thread {t}: final read has wrong bytes")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
+
+
+def test_failure_injector_never_raises_into_sglang_threads(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.5")
+    pool = host_pool(pages=8 * 6)
+    backend = make(pool)
+    assert type(backend).__name__ == "HiCacheStorageFailureInjector"
+    raised: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        keys = sglang_keys(2, salt=f"inject-{t}")
+        src, dst = pool_slots[t]
+        try:
+            for _ in range(20):
+                backend.batch_set_v1(keys, src)
+                backend.batch_set(keys, [pool.get_data_page(int(i)) for i in src[::PAGE]])
+                backend.set(keys[0], pool.get_data_page(int(src[0])))
+                backend.exists(keys[0])
+                backend.batch_exists(keys)
+                hits = backend.batch_get_v1(keys, dst)
+                for j, hit in enumerate(hits):
+                    assert not hit or pool.page_bytes(int(dst[j * PAGE])) == pool.page_bytes(
+                        int(src[j * PAGE])
+                    )
+                backend.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys])
+                backend.get(keys[1], pool.get_dummy_flat_data_page())
+                backend.get_stats()
+        except BaseException as exc:  # the assertion under test: nothing escapes
+            raised.append(exc)
+
+    pool_slots = []
+    for t in range(6):
+        src, dst = pool.alloc(2 * PAGE), pool.alloc(2 * PAGE)
+        pool.fill_random(src, seed=200 + t)
+        pool_slots.append((src, dst))
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert raised == []
+    backend.clear()
+
+
+def test_unreachable_postgres_and_early_calls_never_raise(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DATABASE_URL_ENV, "postgresql://nobody@127.0.0.1:9/none")
+    src = host_pool()
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=5)
+    keys = sglang_keys(2, salt="no-ledger")
+    backend = make(src)
+    assert backend.stats()["failures"].get("ledger.connect") == 1
+    assert backend.batch_set_v1(keys, idx) == [True, True]
+    backend.flush()
+    dst = host_pool()
+    reader = make(dst)  # lookups fall back to the NAS itself
+    out = dst.alloc(2 * PAGE)
+    assert reader.batch_exists(keys) == 2
+    assert reader.batch_get_v1(keys, out) == [True, True]
+    assert _pages(dst, out) == _pages(src, idx)

@@ -1,0 +1,487 @@
+"""Our tiers as SGLang's HiCache storage backend (L3): NAS, object store and ledger.
+
+SGLang (0.5.23) loads this class with ``--hicache-storage-backend dynamic`` and the extra
+config that :mod:`tiering.sglang_options` describes. Pages land on the shared NAS through
+the same :class:`~tiering.store.TieredStore` the built-in engine uses — same block codec
+and checksums, same ledger rows, same tierd demotion to the object store — so any worker
+can resume a conversation another one served.
+
+Threading: SGLang calls the backend synchronously from its prefetch, backup and scheduler
+threads at once. The tiered store is asyncio code, so it lives on a private event loop in
+a thread of its own; each call is marshalled there and waited for with a deadline. A call
+that overruns its deadline, or fails in any way, answers "miss" / "not stored" and is
+counted: nothing ever raises into SGLang's threads, and SGLang simply recomputes.
+
+Keys: SGLang names a page by a chained SHA-256 hex string that already covers the request's
+``extra_key``/``cache_salt`` (so tenants never share a page). We fold it with the digest of
+a :class:`~tiering.keys.Namespace` made of the model, the tensor-parallel shard, the KV
+dtype, the host-pool layout and the page size, so that pages of different models or shards
+can never be confused. Both interfaces store a page as the bytes of SGLang's *flat data
+page* (``get_data_page(..., flat=True)``); the zero-copy path orders its buffers the same
+way, so a page written by one interface is readable by the other.
+
+This is an adapter, so torch is allowed here (the tiering core stays torch-free).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import functools
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import numpy as np
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from tiering.codec import DTYPE_SIZES, Block, make_block
+from tiering.cost import CostConfig, CostModel
+from tiering.failures import FailureLog
+from tiering.keys import Namespace
+from tiering.ledger import Ledger
+from tiering.sglang_options import (
+    DATABASE_URL_ENV,
+    S3_ACCESS_KEY_ENV,
+    S3_SECRET_KEY_ENV,
+    SGLangBackendOptions,
+)
+from tiering.store import StoreConfig, TieredStore
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
+
+log = logging.getLogger("kvgate.tiering.sglang")
+T = TypeVar("T")
+
+#: Seconds allowed for opening the tiers and the ledger pool when SGLang attaches us.
+_OPEN_TIMEOUT_S = 30.0
+
+
+class _LoopThread:
+    """An asyncio event loop running in its own daemon thread; callable from any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on the loop and wait up to ``timeout`` s (cancelling it past that)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"tier call did not finish within {timeout:g} s") from None
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _never_raises(
+    fallback: Callable[..., Any],
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Turn any exception of the wrapped method into ``fallback(self, *args)``, counted and logged."""
+
+    def wrap(method: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def guarded(self: KvgateHiCacheStorage, *args: Any, **kwargs: Any) -> T:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # SGLang's threads must never see an exception from us
+                self._count(f"{method.__name__}_failed")
+                self._failures.record("sglang", method.__name__, exc)
+                return fallback(self, *args)
+
+        return guarded
+
+    return wrap
+
+
+def _misses(self: Any, keys: Sequence[str], *_: Any) -> list[Any]:
+    return [None] * len(keys)
+
+
+def _falses(self: Any, keys: Sequence[str], *_: Any) -> list[bool]:
+    return [False] * len(keys)
+
+
+class KvgateHiCacheStorage(HiCacheStorage):
+    """SGLang HiCache storage on kvgate's NAS + object store + ledger; see the module docstring."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
+        # SGLang's dynamic factory calls ``cls(storage_config, kwargs)``.
+        self.storage_config = storage_config
+        self.options = SGLangBackendOptions.from_extra_config(storage_config.extra_config)
+        self._failures = FailureLog()
+        self._counters: Counter[str] = Counter()
+        self._counters_lock = threading.Lock()
+        self._namespace: Namespace | None = None
+        self._page_tokens = 0
+        self._page_bytes = 0
+        self._metrics: dict[str, list[float]] = {
+            "prefetch_pgs": [],
+            "backup_pgs": [],
+            "prefetch_bandwidth": [],
+            "backup_bandwidth": [],
+        }
+        self._rt = _LoopThread("kvgate-sglang-tiers")
+        self._pg_pool: asyncpg.Pool | None = None
+        self._object: ObjectTier | None = None
+        try:
+            self._store = self._rt.call(self._open(), _OPEN_TIMEOUT_S)
+        except BaseException:
+            self._rt.stop()
+            raise
+
+    async def _open(self) -> TieredStore:
+        o = self.options
+        nas_root = Path(o.nas_path)
+        if not nas_root.is_dir():
+            raise FileNotFoundError(
+                f"NAS directory {nas_root} does not exist: mount the shared NAS there "
+                "or point nas_path in the backend's extra config at it"
+            )
+        self._object = await ObjectTier(
+            ObjectConfig(
+                endpoint_url=o.s3_endpoint,
+                bucket=o.s3_bucket,
+                prefix=o.s3_prefix,
+                region=o.s3_region,
+                access_key=os.environ.get(S3_ACCESS_KEY_ENV),
+                secret_key=os.environ.get(S3_SECRET_KEY_ENV),
+            )
+        ).start()
+        ledger = None
+        dsn = os.environ.get(DATABASE_URL_ENV)
+        if dsn:
+            try:
+                self._pg_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4, timeout=5)
+                ledger = Ledger(self._pg_pool)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                # Lookups fall back to the NAS itself; the ledger catches up via tierd.
+                self._failures.record("ledger", "connect", exc)
+        else:
+            log.warning("%s is not set: running without the KV ledger", DATABASE_URL_ENV)
+        # SGLang decides whether a prefetch is worth it (its prefetch policy), so the store
+        # must not second-guess it: fetch whatever is asked, bounded by our deadline only.
+        deadline = o.get_deadline_s
+        cost = CostModel(
+            CostConfig(
+                margin=0.0,
+                prior_prefill_tokens_per_s=1e-9,
+                deadline_s={"host": deadline, "nas": deadline, "object": deadline},
+            )
+        )
+        store = TieredStore(
+            HostTier(o.host_bytes),
+            nas=NasTier(NasConfig(root=nas_root)),
+            obj=self._object,
+            ledger=ledger,
+            cost=cost,
+            config=StoreConfig(
+                write_queue_pages=o.write_queue_pages,
+                # Half the caller's deadline, so a slow ledger still leaves time to ask the NAS.
+                ledger_timeout_s=o.exists_deadline_s / 2,
+            ),
+        )
+        return await store.start()
+
+    # --- scope ------------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Learn the page geometry from SGLang's host pool; this completes the namespace."""
+        super().register_mem_pool_host(mem_pool_host)
+        c = self.storage_config
+        dtype = str(mem_pool_host.dtype).removeprefix("torch.")
+        if dtype not in DTYPE_SIZES:
+            raise ValueError(f"KV dtype {dtype} is not storable; use one of {sorted(DTYPE_SIZES)}")
+        # MLA KV is identical on every TP rank, so those ranks share pages.
+        shard = "" if c.is_mla_model else f";tp={c.tp_rank}/{c.tp_size}"
+        if c.pp_size > 1:
+            shard += f";pp={c.pp_rank}/{c.pp_size}"
+        self._page_tokens = mem_pool_host.page_size
+        self._page_bytes = mem_pool_host.get_size_per_token() * mem_pool_host.page_size
+        self._dtype = dtype
+        self._namespace = Namespace(
+            tenant="sglang",
+            model=self.options.model or c.model_name or "",
+            dtype=dtype,
+            page_size=mem_pool_host.page_size,
+            layout=f"sglang:{mem_pool_host.layout}{shard}",
+        )
+
+    @property
+    def namespace(self) -> Namespace:
+        """The scope of every page this backend stores (set by ``register_mem_pool_host``)."""
+        if self._namespace is None:
+            raise RuntimeError("register_mem_pool_host has not been called yet")
+        return self._namespace
+
+    def scoped_key(self, key: str) -> bytes:
+        """Our 32-byte key for SGLang's page key ``key`` in this backend's namespace."""
+        return hashlib.sha256(self.namespace.digest + key.encode()).digest()
+
+    # --- existence ------------------------------------------------------------------------------
+    @_never_raises(lambda self, keys, *a: 0)
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        """How many leading ``keys`` are stored (host staging, or NAS/object per the ledger)."""
+        if not keys:
+            return 0
+        scoped = [self.scoped_key(k) for k in keys]
+        plan = self._rt.call(
+            self._store.lookup(self.namespace.digest, scoped), self.options.exists_deadline_s
+        )
+        return len(plan)
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # --- reads ------------------------------------------------------------------------------------
+    def _fetch(self, keys: Sequence[str]) -> list[Block]:
+        """The verified blocks of the longest readable prefix of ``keys``."""
+        start = time.perf_counter()
+        fetched = self._rt.call(
+            self._store.fetch(
+                self.namespace.digest,
+                [self.scoped_key(k) for k in keys],
+                self._page_tokens,
+                page_bytes=self._page_bytes,
+            ),
+            self.options.get_deadline_s,
+        )
+        # A page of the wrong size (another geometry under a colliding name) ends the prefix.
+        blocks = list(itertools.takewhile(lambda b: b.nbytes == self._page_bytes, fetched.blocks))
+        self._count("pages_read", len(blocks))
+        self._count("pages_missed", len(keys) - len(blocks))
+        self._observe("prefetch", len(blocks), time.perf_counter() - start)
+        return blocks
+
+    @_never_raises(lambda self, key, *a: None)
+    def get(
+        self, key: str, target_location: Any | None = None, target_sizes: Any | None = None
+    ) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    @_never_raises(_misses)
+    def batch_get(
+        self,
+        keys: list[str],
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> list[torch.Tensor | None]:
+        """Pages into ``target_locations`` (flat host pages), or new tensors; None past a miss."""
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        for i, block in enumerate(self._fetch(keys)):
+            src = np.frombuffer(block.payload, dtype=np.uint8)
+            if target_locations is None:
+                out[i] = torch.frombuffer(bytearray(src), dtype=getattr(torch, self._dtype))
+                continue
+            dst = target_locations[i]
+            flat = dst.view(torch.uint8).reshape(-1).numpy()
+            if flat.nbytes != src.nbytes:
+                break
+            flat[:] = src
+            out[i] = dst
+        return out
+
+    @_never_raises(_falses)
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Zero-copy read: each verified page is copied straight into SGLang's host pool."""
+        pages = self._page_buffers(keys, host_indices)
+        blocks = self._fetch(keys)
+        for block, buffers in zip(blocks, pages, strict=False):
+            src = np.frombuffer(block.payload, dtype=np.uint8)
+            base, offset = src.ctypes.data, 0
+            for ptr, size in buffers:
+                ctypes.memmove(ptr, base + offset, size)
+                offset += size
+        return [i < len(blocks) for i in range(len(keys))]
+
+    # --- writes ------------------------------------------------------------------------------------
+    def _offer(self, keys: Sequence[str], payloads: Sequence[bytearray | bytes]) -> list[bool]:
+        """Hand pages to the store (staged in RAM, written behind to the NAS and the ledger)."""
+        start = time.perf_counter()
+        ns = self.namespace
+        blocks = [
+            make_block(
+                self.scoped_key(k), ns.digest, self._dtype, (len(p) // DTYPE_SIZES[self._dtype],), p
+            )
+            for k, p in zip(keys, payloads, strict=True)
+        ]
+
+        async def offer() -> None:
+            self._store.offer(blocks)
+
+        self._rt.call(offer(), self.options.set_deadline_s)
+        self._count("pages_written", len(blocks))
+        self._observe("backup", len(blocks), time.perf_counter() - start)
+        return [True] * len(blocks)
+
+    @_never_raises(lambda self, key, *a: False)
+    def set(
+        self,
+        key: str,
+        value: Any | None = None,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        return self.batch_set([key], [value])
+
+    @_never_raises(lambda self, keys, *a: False)
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        """Store flat host pages (tensors) under ``keys``; True when all were accepted."""
+        payloads = [v.detach().contiguous().view(torch.uint8).numpy().tobytes() for v in values]
+        if any(len(p) != self._page_bytes for p in payloads):
+            raise ValueError(f"a page must be {self._page_bytes} bytes, one of these is not")
+        return all(self._offer(keys, payloads))
+
+    @_never_raises(_falses)
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Zero-copy write: each page is copied once, straight out of SGLang's host pool."""
+        payloads = []
+        for buffers in self._page_buffers(keys, host_indices):
+            page = bytearray(self._page_bytes)
+            base, offset = ctypes.addressof(ctypes.c_char.from_buffer(page)), 0
+            for ptr, size in buffers:
+                ctypes.memmove(base + offset, ptr, size)
+                offset += size
+            payloads.append(page)
+        return self._offer(keys, payloads)
+
+    def _page_buffers(
+        self, keys: Sequence[str], host_indices: torch.Tensor
+    ) -> list[list[tuple[int, int]]]:
+        """(pointer, bytes) of each page's buffers in flat-data-page order."""
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        per_page = len(ptrs) // len(keys)
+        pages = []
+        for i in range(len(keys)):
+            chunk = list(
+                zip(
+                    ptrs[i * per_page : (i + 1) * per_page],
+                    sizes[i * per_page : (i + 1) * per_page],
+                    strict=True,
+                )
+            )
+            if not self.storage_config.is_mla_model:
+                # MHA lists K, V per layer; the flat page holds every K before every V.
+                chunk = chunk[0::2] + chunk[1::2]
+            if sum(size for _, size in chunk) != self._page_bytes:
+                raise ValueError("host pool page buffers do not add up to one page")
+            pages.append(chunk)
+        return pages
+
+    # --- housekeeping -----------------------------------------------------------------------------------
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every page handed over so far has reached the NAS (and its ledger row)."""
+        self._rt.call(self._store.drain(), timeout)
+
+    def clear(self) -> bool:
+        """Drop the pages staged in this process.
+
+        Pages on the shared NAS and object store belong to every worker: removing them is
+        tierd's job (capacity, retention, quotas), never one worker's.
+        """
+        try:
+            self._rt.call(self._clear_host(), self.options.set_deadline_s)
+            return True
+        except Exception as exc:
+            self._failures.record("sglang", "clear", exc)
+            return False
+
+    async def _clear_host(self) -> None:
+        self._store.host.clear()
+
+    @_never_raises(lambda self, *a: None)
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` since the previous call (pages and GB/s per operation)."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._counters_lock:
+            snapshot = {name: list(values) for name, values in self._metrics.items()}
+            for values in self._metrics.values():
+                values.clear()
+        return StorageMetrics(**snapshot)
+
+    def stats(self) -> dict[str, Any]:
+        """Our own counters: per-operation page counts, failures, and the store's tier stats."""
+        with self._counters_lock:
+            counters = dict(self._counters)
+        failures = {f"{t}.{k}": n for (t, k), n in self._failures.counts.items()}
+        try:
+            store = self._rt.call(self._store_stats(), self.options.exists_deadline_s)
+        except Exception:
+            store = {}
+        return {"backend": counters, "failures": failures, "store": store}
+
+    async def _store_stats(self) -> dict[str, Any]:
+        return self._store.stats()
+
+    def close(self) -> None:
+        """Write out what is staged (bounded by ``set_deadline_s``), then release everything."""
+        try:
+            self._rt.call(self._close(), self.options.set_deadline_s + 5)
+        except Exception as exc:
+            self._failures.record("sglang", "close", exc)
+        finally:
+            self._rt.stop()
+
+    async def _close(self) -> None:
+        try:
+            await asyncio.wait_for(self._store.drain(), self.options.set_deadline_s)
+        finally:
+            await self._store.close(drain=False)
+            if self._object is not None:
+                await self._object.close()
+            if self._pg_pool is not None:
+                await self._pg_pool.close()
+
+    # --- counters ------------------------------------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self._counters[name] += n
+
+    def _observe(self, op: str, pages: int, seconds: float) -> None:
+        if not pages or not self.storage_config.enable_storage_metrics:
+            return
+        with self._counters_lock:
+            self._metrics[f"{op}_pgs"].append(pages)
+            self._metrics[f"{op}_bandwidth"].append(
+                pages * self._page_bytes / max(seconds, 1e-9) / 1e9
+            )
