@@ -23,6 +23,9 @@ def up() -> None:
                   KVGATE_S3_BUCKET either way
       nas         creates KVGATE_NAS_PATH (default $KVGATE_HOME/nas), checks it is
                   a writable directory
+      worker      `kvgate worker` (built-in engine, KVGATE_WORKER_MODEL, default
+                  SmolLM2-135M-Instruct fetched once) on KVGATE_WORKER_PORT, ready
+                  when GET /health answers
       gateway     `kvgate gateway` on KVGATE_BIND_HOST:KVGATE_GATEWAY_PORT (OpenAI API
                   under /v1), ready when GET /readyz answers
 

@@ -35,8 +35,9 @@ def stack_parts(settings: Settings) -> list[Part]:
         s3_part(settings),
         NasPart(settings.nas_dir.absolute()),
         # --- services: one line each, added with the command that runs it -------------------
-        # Still to come: the built-in worker (`kvgate worker` on settings.worker_port) and
-        # tierd (`kvgate tierd`), as http_service(...) lines like the gateway's.
+        # The worker comes before the gateway so that the gateway stops taking requests
+        # before the worker drains. Still to come: tierd (`kvgate tierd`), one line here.
+        http_service(settings, "worker", kvgate_argv("worker"), settings.worker_port, "/health"),
         http_service(settings, "gateway", kvgate_argv("gateway"), settings.gateway_port, "/readyz"),
     ]
 

@@ -75,7 +75,10 @@ def home(tmp_path: Path) -> Iterator[Path]:
 
 
 def start_up(home: Path, **env: str) -> tuple[subprocess.Popen[str], Lines]:
+    """``kvgate up`` on free ports, serving the seeded tiny random model (loads in a second)."""
     env.setdefault("KVGATE_GATEWAY_PORT", str(free_port()))
+    env.setdefault("KVGATE_WORKER_PORT", str(free_port()))
+    env.setdefault("KVGATE_WORKER_MODEL", "tiny-random")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvgate", "up"],
         env=kvgate_env(home, **env),
@@ -87,14 +90,15 @@ def start_up(home: Path, **env: str) -> tuple[subprocess.Popen[str], Lines]:
 
 
 def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path) -> None:
-    port = free_port()
-    proc, lines = start_up(home, KVGATE_GATEWAY_PORT=str(port))
+    port, worker_port = free_port(), free_port()
+    proc, lines = start_up(home, KVGATE_GATEWAY_PORT=str(port), KVGATE_WORKER_PORT=str(worker_port))
     try:
         pg = lines.wait_for(r"^ready  postgres  ", STARTUP_DEADLINE_S)
         assert str(home / "pg") in pg
         lines.wait_for(r"^ready  migrations  ", STARTUP_DEADLINE_S)
         lines.wait_for(r"^ready  s3  http://127\.0\.0\.1:\d+ bucket=kvgate$", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  nas  {re.escape(str(home / 'nas'))}$", STARTUP_DEADLINE_S)
+        lines.wait_for(rf"^ready  worker  http://127\.0\.0\.1:{worker_port}$", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  gateway  http://127\.0\.0\.1:{port}$", STARTUP_DEADLINE_S)
         lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
@@ -119,6 +123,7 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
     assert code == 0, lines.seen
     assert [ln for ln in lines.seen if ln.startswith("stopped")] == [
         "stopped  gateway",
+        "stopped  worker",
         "stopped  nas",
         "stopped  s3",
         "stopped  migrations",
