@@ -184,3 +184,18 @@ async def test_official_openai_client_works(base_url: str) -> None:
         await client.chat.completions.create(
             model=MODEL, messages=[{"role": "robot", "content": "x"}], max_tokens=1
         )
+
+
+async def test_a_request_id_already_running_is_refused_with_400(
+    client: httpx.AsyncClient, engine: TorchEngine
+) -> None:
+    before = engine.load().pool_used_pages
+    headers = {"x-request-id": "twice"}
+    first = asyncio.create_task(client.post("/v1/completions", json=LONG, headers=headers))
+    await wait_for(lambda: engine.load().running == 1)
+    resp = await client.post("/v1/completions", json={**LONG, "max_tokens": 1}, headers=headers)
+    assert resp.status_code == 400
+    assert "already in use" in resp.json()["error"]["message"]
+    assert (await client.post("/abort_request", json={"rid": "twice"})).json()["aborted"]
+    assert (await first).json()["choices"][0]["finish_reason"] == "abort"
+    await wait_for(lambda: idle(engine, before))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import RequestError
-from workers.engine.api import Engine, GenerateRequest, SamplingParams
+from workers.engine.api import Engine, GenerateRequest, SamplingParams, TokenEvent
 from workers.generation import Detokenizer, TextDelta, generate_text
 from workers.metrics import ServerMetrics
 
@@ -120,7 +121,21 @@ class WorkerContext:
             events = self.engine.generate(request)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        return generate_text(events, self.tokenizer.detokenizer(), stops, self.metrics)
+        detokenizer = self.tokenizer.detokenizer()
+        return generate_text(_late_refusals(events), detokenizer, stops, self.metrics)
+
+
+async def _late_refusals(events: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:
+    """``events``, with a refusal raised when the stream starts (e.g. a request id already in
+    use) turned into a 400 like the refusals ``generate`` raises at once."""
+    async with aclosing(events):
+        try:
+            first = await anext(events)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        yield first
+        async for event in events:
+            yield event
 
 
 def request_id(headers: Mapping[str, str]) -> str:

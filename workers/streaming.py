@@ -8,11 +8,11 @@ connection itself and cancels the work when the client goes away.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
@@ -49,16 +49,24 @@ def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> Strea
 
 
 async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Run ``work``; cancel it and return None if the client disconnects first."""
-    result: T | None = None
-    async with anyio.create_task_group() as group:
+    """Run ``work``; cancel it and return None if the client disconnects first.
 
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            group.cancel_scope.cancel()
+    Exceptions of ``work`` propagate unchanged (so a RequestError still becomes a 400).
+    """
+    job = asyncio.ensure_future(work())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not job.done():
+            job.cancel()
+            # Let the cancelled work close its engine iterator before we return.
+            await asyncio.gather(job, return_exceptions=True)
+    return None if job.cancelled() else job.result()
 
-        group.start_soon(watch)
-        result = await work()
-        group.cancel_scope.cancel()
-    return result
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has closed the connection (the body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
