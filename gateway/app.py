@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
+import anyio
 import asyncpg
 import httpx
 import orjson
@@ -298,12 +299,16 @@ class _Call:
                 if self.outcome.status == 502:
                     self.gw.metrics.upstream_errors.labels(worker.worker_id, "midstream").inc()
             except BaseException:
-                self.outcome.status = 499  # the client went away: abort upstream below
+                if not self.outcome.complete:
+                    self.outcome.status = 499  # the client went away: abort upstream below
                 raise
             finally:
-                await upstream.aclose()
-                self.gw.router.release(worker.worker_id)
-                await self._finish()
+                # Shielded: a hang-up cancels this task, and the lease and usage row must
+                # still be written.
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+                    self.gw.router.release(worker.worker_id)
+                    await self._finish()
 
         return HangupAwareStream(body(), 200, headers, media_type="text/event-stream")
 

@@ -38,6 +38,8 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
+    #: The stream's ``[DONE]`` went out: a hang-up after this is not an abort.
+    complete: bool = False
 
     def take_usage(self, usage: Any) -> None:
         """Copy counts from an OpenAI ``usage`` object."""
@@ -109,14 +111,13 @@ async def relay(
     asked for it. A transport failure ends the stream with an error event and ``[DONE]``.
     """
     pending = b""
-    saw_done = False
     chunk = first
     while True:
         pending += chunk.replace(b"\r\n", b"\n")
         events, _, pending = pending.rpartition(b"\n\n")
         if events:
             out = _filter(events + b"\n\n", wants_usage, outcome)
-            saw_done = saw_done or _DONE in out
+            outcome.complete = outcome.complete or _DONE in out
             if out:
                 if outcome.first_token_at is None:
                     outcome.first_token_at = time.perf_counter()
@@ -131,7 +132,7 @@ async def relay(
             return
         if not chunk:
             break
-    if not saw_done:
+    if not outcome.complete:
         outcome.status = 502
         yield _error_event("The worker ended the stream early; retry the request.")
 

@@ -41,7 +41,7 @@ def wait_http(
 
 @contextlib.contextmanager
 def process(
-    args: list[str], ready_url: str, env: dict[str, str] | None = None
+    args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_s: float = 30.0
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``args`` until the block ends; yields once ``ready_url`` answers."""
     proc = subprocess.Popen(
@@ -51,7 +51,7 @@ def process(
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_http(ready_url, proc=proc)
+        wait_http(ready_url, ready_s, proc=proc)
         yield proc
     finally:
         if proc.poll() is None:
