@@ -33,7 +33,6 @@ def _ours_in_chunks(model: TinyModel, ids: list[int], cuts: list[int]) -> torch.
         batch, _ = build_batch(
             [SeqChunk(ids[start:end], start, pages)],
             page_size=16,
-            group=2,
             device=torch.device("cpu"),
         )
         rows.append(ours.forward(batch, pool)[0])

@@ -35,8 +35,8 @@ class PrefillRows:
     n: int
     #: pool slots of positions ``0 .. start + n - 1``
     ctx_slots: torch.Tensor
-    #: ``[group * n, ctx]`` True where attention is allowed (query heads folded into rows)
-    mask: torch.Tensor
+    #: ``[n, ctx]`` True where attention is allowed; None when causal from position 0
+    mask: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _slots(pages: Sequence[int], n: int, page_size: int, offsets: torch.Tensor) 
 
 
 def build_batch(
-    chunks: Sequence[SeqChunk], *, page_size: int, group: int, device: torch.device
+    chunks: Sequence[SeqChunk], *, page_size: int, device: torch.device
 ) -> tuple[ForwardBatch, list[int]]:
     """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first)."""
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
@@ -89,9 +89,10 @@ def build_batch(
         ctx = _slots(c.pages, end, page_size, offsets)
         positions.append(torch.arange(c.start, end))
         writes.append(ctx[c.start :])
-        # query i (at position start + i) sees keys 0 .. start + i
-        mask = torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]
-        prefill.append(PrefillRows(row, n, ctx.to(device), mask.repeat(group, 1).to(device)))
+        mask = None
+        if c.start:  # query i (at position start + i) sees keys 0 .. start + i
+            mask = (torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]).to(device)
+        prefill.append(PrefillRows(row, n, ctx.to(device), mask))
     decode_row = len(ids) - len(decode)
     decode_slots = decode_mask = None
     if decode:

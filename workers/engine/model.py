@@ -2,10 +2,12 @@
 
 Weights arrive as a Hugging Face ``LlamaForCausalLM`` state dict and are fused at load
 (q/k/v into one matrix, gate/up into another) so that each layer runs four matmuls on the
-whole step's tokens at once. Attention uses ``scaled_dot_product_attention`` with the
-query heads of each KV head folded into the query axis: grouped-query attention without
-repeating K and V. The model holds tensors, not ``nn.Module``s, to keep per-step Python
-overhead to a handful of ops per layer.
+whole step's tokens at once. Attention uses ``scaled_dot_product_attention`` without
+repeating K and V: prefill chunks use its grouped-query mode (causal from position 0 when
+nothing is cached, so the kernel skips masked blocks), and decode folds the query heads of
+each KV head into the query axis so that a whole batch attends in one call. The model
+holds tensors, not ``nn.Module``s, to keep per-step Python overhead to a handful of ops
+per layer.
 """
 
 from __future__ import annotations
@@ -132,10 +134,12 @@ class LlamaModel:
             ctx = slots.index_select(0, p.ctx_slots)  # [L, 2, K, D]
             k = ctx[:, 0].transpose(0, 1)[None]  # [1, K, L, D]
             v = ctx[:, 1].transpose(0, 1)[None]
-            qp = q[p.row : p.row + p.n].view(p.n, K, g, D).permute(1, 2, 0, 3)
-            qp = qp.reshape(1, K, g * p.n, D)
-            o = F.scaled_dot_product_attention(qp, k, v, attn_mask=p.mask)
-            out[p.row : p.row + p.n] = o.view(K, g, p.n, D).permute(2, 0, 1, 3).reshape(p.n, -1)
+            qp = q[p.row : p.row + p.n].view(p.n, H, D).transpose(0, 1)[None]  # [1, H, n, D]
+            # No mask means a fresh sequence: is_causal lets the kernel skip masked blocks.
+            o = F.scaled_dot_product_attention(
+                qp, k, v, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True
+            )
+            out[p.row : p.row + p.n] = o[0].transpose(0, 1).reshape(p.n, H * D)
         if batch.decode_slots is not None:
             B, L = batch.decode_slots.shape
             ctx = slots.index_select(0, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
