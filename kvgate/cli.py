@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "migrate": "kvgate.cmd_migrate:migrate",
     "tierd": "kvgate.cmd_tierd:tierd",
     "worker-sglang": "kvgate.cmd_worker_sglang:worker_sglang",
+    "agent": "kvgate.cmd_agent:agent",
     "models": "kvgate.cmd_models:models_group",
     "bench": "kvgate.cmd_bench:bench",
     "worker": "kvgate.cmd_worker:worker",
