@@ -17,6 +17,7 @@ from importlib.metadata import version
 import click
 import uvicorn
 
+from kvgate.cmd_worker_sglang import EngineSwitch
 from kvgate.serving import build_engine, load_model, worker_options
 from kvgate.settings import load_settings
 from workers.context import ServerConfig
@@ -53,7 +54,7 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-@click.command()
+@click.command(cls=EngineSwitch)  # --engine sglang hands over to `kvgate worker-sglang`
 @click.option("--model", help="GGUF file, safetensors dir or tiny-random (default: SmolLM2).")
 @click.option("--host", help="Bind address (default: KVGATE_BIND_HOST).")
 @click.option("--port", type=int, help="Port; 0 picks a free one (default: KVGATE_WORKER_PORT).")

@@ -12,6 +12,7 @@ import asyncio
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,6 +35,62 @@ from workers.sglang.command import (
 DEFAULT_CAPACITY = 64
 
 
+class EngineSwitch(click.Command):
+    """``kvgate worker`` with ``--engine builtin|sglang``: sglang hands over to this command.
+
+    The two engines take different flags, so the switch happens before parsing: with
+    ``--engine sglang`` the remaining arguments are parsed by :data:`worker_sglang`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.insert(
+            0,
+            click.Option(
+                ["--engine"],
+                type=click.Choice(["builtin", "sglang"]),
+                default="builtin",
+                show_default=True,
+                expose_value=False,
+                help="builtin: the torch engine here; sglang: SGLang on one GPU "
+                "(see `kvgate worker --engine sglang --help`).",
+            ),
+        )
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        rest, engine = _pop_engine(args)
+        if engine == "sglang":
+            return worker_sglang.make_context(info_name, rest, parent=parent, **extra)
+        # Anything but builtin stays in, so that the option's Choice rejects it by name.
+        keep = rest if engine in (None, "builtin") else args
+        return super().make_context(info_name, keep, parent=parent, **extra)
+
+
+def _pop_engine(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` without its ``--engine X`` / ``--engine=X`` (before any ``--``), and X."""
+    rest, engine, i = [], None, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg == "--engine" and i + 1 < len(args):
+            engine, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--engine="):
+            engine = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, engine
+
+
 def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchSpec:
     """The launch spec for ``model`` from the settings and the command-line options."""
     backend = SGLangBackendOptions(
@@ -54,7 +111,6 @@ def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchS
 
 
 @click.command("worker-sglang")
-@click.option("--engine", type=click.Choice(["sglang"]), default="sglang", hidden=True)
 @click.option("--model", required=True, help="Hugging Face id or local path of the model.")
 @click.option("--gpu", type=int, default=0, show_default=True, help="CUDA device index.")
 @click.option("--host", default=None, help="Bind address [default: settings bind_host].")
@@ -100,7 +156,6 @@ def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchS
 @click.option("--dry-run", is_flag=True, help="Print the SGLang command and exit.")
 @click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
 def worker_sglang(
-    engine: str,
     model: str,
     host: str | None,
     port: int | None,

@@ -48,7 +48,7 @@ _FIELDS = [
 
 def _dry_run(tmp_path: Path, *args: str) -> str:
     env = {"KVGATE_HOME": str(tmp_path / "home"), "KVGATE_CONFIG": str(tmp_path / "none.toml")}
-    result = CliRunner().invoke(cli, ["worker-sglang", "--dry-run", *args], env=env)
+    result = CliRunner().invoke(cli, ["worker", "--engine", "sglang", "--dry-run", *args], env=env)
     assert result.exit_code == 0, result.output
     return result.output.strip()
 
@@ -111,16 +111,21 @@ def test_ratio_is_used_when_no_size_given(tmp_path: Path) -> None:
     assert parsed["hicache_size"] == 0
 
 
-def test_dry_run_needs_neither_sglang_nor_torch(tmp_path: Path) -> None:
-    # Importing either module fails in this child: the dry run must not try.
+@pytest.mark.parametrize(
+    ("command", "blocked"),
+    [(["worker", "--engine", "sglang"], ["sglang"]), (["worker-sglang"], ["sglang", "torch"])],
+)
+def test_dry_run_needs_no_sglang(tmp_path: Path, command: list[str], blocked: list[str]) -> None:
+    # Importing a blocked module fails in this child: the dry run must not try. (The
+    # `worker-sglang` spelling avoids torch too, for a GPU host's launcher-only install.)
     code = (
-        "import sys; sys.modules['sglang'] = None; sys.modules['torch'] = None\n"
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
         "from kvgate.cli import cli\n"
-        "cli(['worker-sglang', '--dry-run', '--model', 'some/model'])\n"
+        f"cli({[*command, '--dry-run', '--model', 'some/model']!r})\n"
     )
     env = {"KVGATE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert "sglang.launch_server" in out.stdout
@@ -134,3 +139,9 @@ def test_bad_settings_are_refused_with_a_reason() -> None:
         SGLangLaunchSpec(model="m", backend=backend, hicache_ratio=1.0)
     with pytest.raises(ValueError, match="unknown keys"):
         SGLangBackendOptions.from_extra_config({"nas_path": "/nas", "nas_pth": "/typo"})
+
+
+def test_unknown_engine_is_refused_by_name() -> None:
+    result = CliRunner().invoke(cli, ["worker", "--engine", "vllm"])
+    assert result.exit_code == 2
+    assert "'vllm' is not one of 'builtin', 'sglang'" in result.output
