@@ -13,6 +13,7 @@ from kvgate.cli import LazyGroup
 
 #: benchmark name -> "module:attribute" of its click command
 BENCHMARKS: dict[str, str] = {
+    "engine": "kvgate.bench_engine:engine",
 }
 
 
