@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
@@ -102,3 +103,32 @@ async def test_a_sequence_longer_than_the_pool_ends_with_length() -> None:
         await _until(lambda: _idle_and_clean(engine), "the engine to go idle")
     finally:
         engine.close()
+
+
+async def test_invalid_requests_are_refused_with_a_reason() -> None:
+    engine = tiny_engine(MODEL, pages=8)
+    try:
+        with pytest.raises(ValueError, match="empty"):
+            engine.generate(GenerateRequest("e", (), greedy(4)))
+        with pytest.raises(ValueError, match="context"):
+            engine.generate(GenerateRequest("c", (5,) * 1024, greedy(4)))
+        with pytest.raises(ValueError, match="kv_pool_bytes"):
+            engine.generate(GenerateRequest("p", (5,) * 200, greedy(4)))
+        with pytest.raises(ValueError, match="token ids"):
+            engine.generate(GenerateRequest("v", (5, 512), greedy(4)))
+        stream = engine.generate(GenerateRequest("dup", (5, 6), greedy(100)))
+        await stream.__anext__()
+        with pytest.raises(ValueError, match="in use"):
+            await engine.generate(GenerateRequest("dup", (5, 6), greedy(4))).__anext__()
+        await stream.aclose()  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+
+
+async def test_close_ends_open_streams_with_abort() -> None:
+    engine = tiny_engine(MODEL)
+    stream = engine.generate(GenerateRequest("open", tuple(_ids(20, 9)), greedy(10_000)))
+    await stream.__anext__()
+    engine.close()
+    events = [e async for e in stream]
+    assert events[-1].finished and events[-1].finish_reason == "abort"

@@ -123,3 +123,42 @@ async def test_evicted_pages_come_back_through_the_offload() -> None:
     finally:
         engine.close()
         cold.close()
+
+
+class BrokenOffload:
+    """A lower tier that fails every call, as a crashed NAS mount would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_evict(self, pages: list[EvictedPage]) -> None:
+        self.calls += 1
+        raise OSError("NAS unreachable")
+
+    def load_prefix(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
+    ) -> LoadedPrefix | None:
+        self.calls += 1
+        raise OSError("NAS unreachable")
+
+
+async def test_a_failing_offload_costs_recompute_not_requests() -> None:
+    offload = BrokenOffload()
+    page_bytes = MODEL.config.kv_bytes_per_token(4) * 16
+    engine = TorchEngine(
+        MODEL.config,
+        MODEL.state_dict,
+        EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=8 * page_bytes),
+        offload=offload,
+    )
+    try:
+        prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+        first = await run(engine, "a", prompt, greedy(10))
+        other = torch.randint(3, 512, (100,), generator=torch.Generator().manual_seed(4)).tolist()
+        await run(engine, "b", other, greedy(10))
+        again = await run(engine, "c", prompt, greedy(10))
+        assert offload.calls >= 2
+        assert tokens(again) == tokens(first) and again[-1].finish_reason == "length"
+        assert set(again[-1].cached_by_tier) <= {"device"}  # nothing came from below
+    finally:
+        engine.close()

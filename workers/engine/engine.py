@@ -144,16 +144,21 @@ class TorchEngine:
     # --- extras for the server and tests --------------------------------------------------------
     def stats(self) -> EngineStats:
         """A copy of the counters (prefill/decode tokens and seconds, cache, preemptions)."""
-        with self._step_lock:
-            s = self.scheduler.stats
-            return replace(s, cached_tokens_by_tier=dict(s.cached_tokens_by_tier))
+        # No lock: a step can take seconds and /metrics must not wait for it; the counters
+        # are plain numbers, at worst one step apart from each other.
+        s = self.scheduler.stats
+        return replace(s, cached_tokens_by_tier=dict(s.cached_tokens_by_tier))
 
     def close(self) -> None:
-        """Stop the engine thread; running requests get no further events."""
+        """Stop the engine thread; requests still streaming end with ``abort``."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
+        with self._step_lock:
+            self.scheduler.abort_all()
+        for rid in list(self._streams):  # added but never reached the scheduler
+            self._emit(TokenEvent(rid, [], finished=True, finish_reason="abort"))
 
     # --- internals ------------------------------------------------------------------------------
     def _validate(self, request: GenerateRequest) -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from workers.engine.kv_pool import KVPool
 from workers.engine.offload import EvictedPage
+
+log = logging.getLogger(__name__)
 
 
 class _Node:
@@ -194,12 +197,15 @@ class RadixCache:
         if want_chains:
             kv = self.pool.read_pages(pages)  # type: ignore[arg-type]
             assert self.on_evict is not None
-            self.on_evict(
-                [
-                    EvictedPage(v.namespace, chain, kv[i])
-                    for i, (v, chain) in enumerate(zip(victims, chains, strict=True))
-                ]
-            )
+            evicted = [
+                EvictedPage(v.namespace, chain, kv[i])
+                for i, (v, chain) in enumerate(zip(victims, chains, strict=True))
+            ]
+            try:
+                self.on_evict(evicted)
+            except Exception:
+                # A failing lower tier costs a future recompute, never the running requests.
+                log.exception("eviction hook failed; %d pages dropped", len(evicted))
         self.pool.free(pages)  # type: ignore[arg-type]
         self._pages -= len(victims)
         if offload:

@@ -14,6 +14,7 @@ Not thread-safe: one thread (the engine's) calls everything here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload
 from workers.engine.radix import PrefixHandle, RadixCache
 from workers.engine.sampling import RequestSampler, sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -221,12 +224,16 @@ class Scheduler:
         start = req.shared
         if reusable <= start:
             return []
-        loaded = self.offload.load_prefix(req.namespace, req.tokens, start, reusable - start)
-        if loaded is None or not loaded.tiers:
+        try:
+            loaded = self.offload.load_prefix(req.namespace, req.tokens, start, reusable - start)
+            if loaded is None or not loaded.tiers:
+                return []
+            n = min(len(loaded.tiers), reusable - start)
+            self.pool.write_pages(req.pages[start : start + n], loaded.kv[:n])
+        except Exception:
+            # A failing lower tier means recomputing those pages, not failing the request.
+            log.exception("loading a prefix from the lower tiers failed; recomputing it")
             return []
-        n = min(len(loaded.tiers), reusable - start)
-        targets = req.pages[start : start + n]
-        self.pool.write_pages(targets, loaded.kv[:n])
         node, held = self.cache.insert(
             req.namespace, req.tokens[: (start + n) * self.page_size], req.pages[: start + n]
         )
@@ -256,6 +263,7 @@ class Scheduler:
                 if len(self.running) == 1:
                     self.running.remove(req)
                     self._release(req, cache=True)
+                    self.stats.finished_requests += 1
                     self._emit(req, [], "length")  # alone and still too long for the pool
                     break
                 if self._preempt_youngest() is req:
