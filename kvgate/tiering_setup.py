@@ -6,12 +6,23 @@ worker, ``kvgate bench tiers``) build its configs here, in one place.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvgate.services.postgres import create_pool
 from kvgate.settings import Settings
-from tiering.cost import CostConfig
-from tiering.store import StoreConfig
+from tiering.cost import CostConfig, CostModel
+from tiering.ledger import Ledger
+from tiering.store import StoreConfig, TieredStore
 from tiering.tierd import TierdConfig
-from tiering.tiers.nas import NasConfig
-from tiering.tiers.object import ObjectConfig
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
+
+if TYPE_CHECKING:  # torch-side types; imported for real only by tiered_offload()
+    from workers.engine.kv_pool import KVLayout
+    from workers.engine.tiered_offload import TieredOffload
 
 
 def nas_config(s: Settings) -> NasConfig:
@@ -60,4 +71,56 @@ def tierd_config(s: Settings) -> TierdConfig:
         namespace_quota_bytes=s.tier_namespace_quota_bytes,
         orphan_grace_s=s.tierd_orphan_grace_s,
         interval_s=s.tierd_interval_s,
+    )
+
+
+async def build_store(settings: Settings, dsn: str | None) -> TieredStore:
+    """A worker's tiered store: host RAM, the NAS, S3 when configured, the ledger when ``dsn``.
+
+    The ledger pool opens lazily (``min_size=0``) so that a worker starts, and serves by
+    recompute, while Postgres is down. Everything opened here is closed by ``store.close()``.
+    """
+    from tiering.pinned import host_copy_in  # torch: only workers build stores
+
+    stack = contextlib.AsyncExitStack()
+    settings.nas_dir.mkdir(parents=True, exist_ok=True)
+    nas = NasTier(nas_config(settings))
+    stack.callback(nas.close)
+    obj = None
+    if (cfg := object_config(settings)) is not None:
+        obj = ObjectTier(cfg)
+        stack.push_async_callback(obj.close)
+    ledger = None
+    if dsn:
+        pool = await create_pool(dsn, min_size=0, max_size=4)
+        stack.push_async_callback(pool.close)
+        ledger = Ledger(pool)
+    return TieredStore(
+        HostTier(settings.tier_host_bytes, copy_in=host_copy_in()),
+        nas=nas,
+        obj=obj,
+        ledger=ledger,
+        cost=CostModel(cost_config(settings)),
+        config=store_config(settings),
+        resources=stack,
+    )
+
+
+def tiered_offload(
+    settings: Settings,
+    dsn: str | None,
+    *,
+    model_fingerprint: str,
+    layout: KVLayout,
+    prefill_stats: Callable[[], tuple[int, float]] | None = None,
+) -> TieredOffload:
+    """The engine's ``offload=`` for the built-in worker, wired from ``settings``."""
+    from workers.engine.tiered_offload import TieredOffload
+
+    return TieredOffload(
+        lambda: build_store(settings, dsn),
+        model_fingerprint=model_fingerprint,
+        layout=layout,
+        fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1.0,
+        prefill_stats=prefill_stats,
     )

@@ -1,7 +1,6 @@
 """tierd on real Postgres, NAS directory and S3: watermarks, restore, quotas, orphans, concurrency.
 
-Each test gets a database of its own: tierd reconciles the whole ledger against one NAS
-and one bucket prefix, so sharing the session ledger would let tests see each other's rows.
+Each test gets a database of its own (``fresh_database``): tierd reconciles the whole ledger.
 """
 
 from __future__ import annotations
@@ -10,18 +9,15 @@ import asyncio
 import json
 import os
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
-from tiering_support import chain, namespace, object_config
+from tiering_support import chain, fresh_database, namespace, object_config
 
 from kvgate.services.postgres import create_pool
 from kvgate.services.seaweed import S3Endpoint
-from migrations import runner
 from tiering.codec import encode, encode_header
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import TieredStore
@@ -33,16 +29,8 @@ from tiering.tiers.object import ObjectTier
 
 @pytest.fixture
 async def fresh_db(pg_dsn: str) -> AsyncIterator[str]:
-    """The name of a new, migrated database on the session server."""
-    name = f"tierd_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    conn = await asyncpg.connect(pg_dsn, database=name)
-    await runner.migrate(conn)
-    await conn.close()
-    yield name
-    await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    await admin.close()
+    async with fresh_database(pg_dsn) as name:
+        yield name
 
 
 @pytest.fixture

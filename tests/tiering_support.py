@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
+import asyncpg
 import numpy as np
 
 from kvgate.services.seaweed import S3Endpoint
+from migrations import runner
 from tiering.codec import Block, make_block
 from tiering.keys import Namespace
 from tiering.tiers.object import ObjectConfig
@@ -42,3 +46,25 @@ def object_config(endpoint: S3Endpoint, **kw: object) -> ObjectConfig:
         region=endpoint.region,
         **kw,  # type: ignore[arg-type]
     )
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(pg_dsn: str) -> AsyncIterator[str]:
+    """A new, migrated database on the session server (dropped afterwards); yields its name.
+
+    tierd reconciles the whole ledger against one NAS and one bucket prefix, so tests that
+    run it need a ledger of their own.
+    """
+    name = f"kv_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(pg_dsn, database=name)
+        try:
+            await runner.migrate(conn)
+        finally:
+            await conn.close()
+        yield name
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

@@ -70,7 +70,9 @@ class TieredStore:
         ledger: Ledger | None = None,
         cost: CostModel | None = None,
         config: StoreConfig | None = None,
+        resources: contextlib.AsyncExitStack | None = None,
     ) -> None:
+        """``resources`` (pools, clients the tiers use) are closed by :meth:`close`."""
         self.host = host
         self.tiers: dict[str, Tier] = {"host": host}
         if nas is not None:
@@ -87,6 +89,7 @@ class TieredStore:
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[Fetched]] = set()
         self._closing = asyncio.Event()
+        self._resources = resources
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> TieredStore:
@@ -110,6 +113,8 @@ class TieredStore:
                 await task
         self._tasks = []
         await self._flush_touches()
+        if self._resources is not None:
+            await self._resources.aclose()
 
     async def drain(self) -> None:
         """Wait until every queued page has been written (or has failed)."""

@@ -1,0 +1,214 @@
+"""The engine over the real tier ladder: a conversation restored from each tier alone gives
+the same greedy output as a cold recompute; namespaces never share pages; a corrupted page
+is a counted miss; broken backends only cost cache hits.
+
+The tiny random Llama runs everywhere; the same scenario on SmolLM2 is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from engine_support import TinyModel, greedy, run, tiny_llama, tokens
+from tiering_support import fresh_database, object_config
+
+from kvgate.services.ports import free_port
+from kvgate.services.postgres import create_pool
+from kvgate.services.seaweed import S3Endpoint
+from tiering.cost import CostConfig, CostModel
+from tiering.ledger import Ledger
+from tiering.store import TieredStore
+from tiering.tierd import Tierd, TierdConfig
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
+from workers.engine.config import ModelConfig
+from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.kv_pool import KVLayout
+from workers.engine.tiered_offload import TieredOffload
+
+PAGE = 16
+
+
+def _layout(config: ModelConfig) -> KVLayout:
+    return KVLayout(
+        "float32", PAGE, config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    )
+
+
+def _engine(config: ModelConfig, state: Any, pages: int, offload=None) -> TorchEngine:  # type: ignore[no-untyped-def]
+    page_bytes = config.kv_bytes_per_token(4) * PAGE
+    opts = EngineOptions(
+        device="cpu", dtype="float32", kv_pool_bytes=pages * page_bytes, page_size=PAGE
+    )
+    return TorchEngine(config, state, opts, offload=offload)
+
+
+def _offload(
+    dsn: str | None, db: str | None, nas_dir: Path, obj_cfg: ObjectConfig | None, config
+) -> TieredOffload:  # type: ignore[no-untyped-def]
+    async def build() -> TieredStore:
+        nas = NasTier(NasConfig(nas_dir, fsync=False))
+        obj = await ObjectTier(obj_cfg).start() if obj_cfg else None
+        ledger = None
+        if dsn:
+            ledger = Ledger(await create_pool(dsn, database=db, min_size=0, max_size=4))
+        # a slow assumed prefill: these tests are about restoring, so every tier is worth it
+        cost = CostModel(CostConfig(prior_prefill_tokens_per_s=50.0))
+        return TieredStore(HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost)
+
+    return TieredOffload(
+        build, model_fingerprint="test-model", layout=_layout(config), fetch_timeout_s=30
+    )
+
+
+def _on_store(offload: TieredOffload, fn: Callable[[TieredStore], Any]) -> Any:
+    async def call() -> Any:
+        return fn(offload.store)
+
+    return offload._call(call(), timeout=10)
+
+
+@pytest.fixture
+async def fresh_db(pg_dsn: str) -> AsyncIterator[str]:
+    async with fresh_database(pg_dsn) as name:
+        yield name
+
+
+async def restore_from_each_tier(
+    model: tuple[ModelConfig, Any], prompt: list[int], other: list[int], n_new: int,
+    pg_dsn: str, db: str, nas_dir: Path, s3: S3Endpoint,
+) -> None:  # fmt: skip
+    """Acceptance 1, 4 and 2 on ``model``: restore from L2, L3, L4; other tenant; corruption."""
+    config, state = model
+    obj_cfg = object_config(s3)
+    cold = _engine(config, state, pages=256)
+    expected = tokens(await run(cold, "cold", prompt, greedy(n_new)))
+    cold.close()
+    offload = _offload(pg_dsn, db, nas_dir, obj_cfg, config)
+    # exactly the pages the other conversation needs: running it evicts all of the prompt's
+    assert len(prompt) + n_new <= len(other) + 4
+    pages_needed = -(-(len(other) + 4) // PAGE)
+    engine = _engine(config, state, pages=pages_needed, offload=offload)
+    full = len(prompt) // PAGE * PAGE
+
+    async def evict_prompt() -> None:
+        await run(engine, f"other-{id(object())}", other, greedy(4))  # fills the pool
+        offload.drain()
+
+    async def again(tier: str, salt: str = "") -> None:
+        events = await run(engine, f"{tier}-{salt}", prompt, greedy(n_new), salt)
+        assert tokens(events) == expected, f"output differs after restoring from {tier}"
+        if tier != "none":
+            assert events[-1].cached_by_tier.get(tier) == full, events[-1].cached_by_tier
+        else:
+            assert events[-1].cached_tokens == 0
+
+    try:
+        assert tokens(await run(engine, "first", prompt, greedy(n_new))) == expected
+        await evict_prompt()
+        await again("host")
+
+        await evict_prompt()
+        _on_store(offload, lambda s: s.host.clear())
+        await again("nas")
+
+        await evict_prompt()
+        _on_store(offload, lambda s: s.host.clear())
+        pool = await create_pool(pg_dsn, database=db, min_size=1, max_size=2)
+        nas = NasTier(NasConfig(nas_dir))
+        async with ObjectTier(obj_cfg) as obj:
+            report = await Tierd(
+                pool, nas, obj, TierdConfig(nas_high_bytes=1, nas_low_bytes=0)
+            ).run_pass()
+        assert report.demoted > 0 and report.nas_bytes == 0
+        await again("object")
+
+        # another tenant sends the same prompt: nothing of the first tenant's is used
+        await evict_prompt()
+        _on_store(offload, lambda s: s.host.clear())
+        await again("none", salt="other-tenant")
+        # a flipped byte in the first NAS page: a counted miss, the output unchanged
+        await evict_prompt()
+        _on_store(offload, lambda s: s.host.clear())
+        ns_b = offload.namespace("other-tenant")
+        ledger = Ledger(pool)
+        assert (
+            await ledger.prefix(ns_b.digest, ns_b.page_keys(prompt)) != []
+        )  # its own pages, spilled
+        ns_a = offload.namespace("")
+        assert set(ns_a.page_keys(prompt)).isdisjoint(ns_b.page_keys(prompt))
+
+        key = ns_b.page_keys(prompt)[0]
+        path = nas.path(key)
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        path.write_bytes(raw)
+        await again("none", salt="other-tenant")
+        stats = offload.stats()
+        assert stats["tiers"]["nas"].corruptions == 1 and not path.exists()
+        await pool.close()
+        nas.close()
+    finally:
+        engine.close()
+        offload.close()
+
+
+TINY: TinyModel = tiny_llama(seed=3)
+
+
+def _ids(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+async def test_tiny_model_restores_from_every_tier(pg_dsn, fresh_db, nas_dir, s3_server) -> None:  # type: ignore[no-untyped-def]
+    await restore_from_each_tier(
+        (TINY.config, TINY.state_dict), _ids(70, 1, 512), _ids(100, 2, 512), 8,
+        pg_dsn, fresh_db, nas_dir, s3_server,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_smollm2_restores_from_every_tier(
+    smollm2_gguf, pg_dsn, fresh_db, nas_dir, s3_server
+) -> None:  # type: ignore[no-untyped-def]
+    from workers.engine.weights import load_model_weights
+
+    config, state = load_model_weights(smollm2_gguf)
+    vocab = config.vocab_size
+    await restore_from_each_tier(
+        (config, state), _ids(100, 4, vocab), _ids(120, 5, vocab), 12,
+        pg_dsn, fresh_db, nas_dir, s3_server,
+    )  # fmt: skip
+
+
+async def test_broken_backends_only_cost_cache_hits(nas_dir: Path, s3_server: S3Endpoint) -> None:
+    """Postgres unreachable, S3 pointing at a dead port: the engine serves by recompute."""
+    dead_s3 = ObjectConfig(
+        endpoint_url=f"http://127.0.0.1:{free_port()}", bucket="kvtest", access_key="x",
+        secret_key="y", max_attempts=1, connect_timeout=0.2,
+    )  # fmt: skip
+    dead_pg = f"postgresql://kv@127.0.0.1:{free_port()}/kv"
+    offload = _offload(dead_pg, None, nas_dir, dead_s3, TINY.config)
+    prompt, other = _ids(70, 6, 512), _ids(100, 7, 512)
+    engine = _engine(TINY.config, TINY.state_dict, pages=7, offload=offload)  # other fills it
+    cold = _engine(TINY.config, TINY.state_dict, pages=256)
+    try:
+        expected = tokens(await run(cold, "cold", prompt, greedy(6)))
+        assert tokens(await run(engine, "a", prompt, greedy(6))) == expected
+        await run(engine, "b", other, greedy(4))
+        offload.drain()
+        _on_store(offload, lambda s: s.host.clear())
+        again = await run(engine, "c", prompt, greedy(6))
+        assert tokens(again) == expected
+        assert again[-1].cached_by_tier.get("nas") == 64  # the NAS alone still serves
+        failures = offload.stats()["failures"]
+        assert failures.get("ledger.record", 0) >= 1 and failures.get("ledger.lookup", 0) >= 1
+    finally:
+        engine.close()
+        cold.close()
+        offload.close()

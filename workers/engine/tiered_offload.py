@@ -1,0 +1,208 @@
+"""Torch adapter: the engine's :class:`~workers.engine.offload.KVOffload` over the tiered store.
+
+The engine calls this object on its scheduler thread; the tiered store lives on an event
+loop of its own, on a thread of its own (its asyncpg pool and S3 client belong to that
+loop). Evictions are keyed, copied to host bytes and handed over without waiting. An
+admission lookup blocks the scheduler for at most ``fetch_timeout_s``; after that the
+fetch is abandoned and the engine simply recomputes. Nothing raised below the engine ever
+reaches it: a failure is a miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tiering.codec import Block, make_block
+from tiering.keys import Namespace, page_keys
+from tiering.store import TieredStore
+from workers.engine.kv_pool import KVLayout
+from workers.engine.offload import EvictedPage, LoadedPrefix
+
+log = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+class TieredOffload:
+    """Evicted pages go down the tier ladder; admissions fetch prefixes back up."""
+
+    def __init__(
+        self,
+        build_store: Callable[[], Awaitable[TieredStore]],
+        *,
+        model_fingerprint: str,
+        layout: KVLayout,
+        fetch_timeout_s: float = 5.0,
+        prefill_stats: Callable[[], tuple[int, float]] | None = None,
+    ) -> None:
+        """``build_store`` runs on the store's own loop (so its pools belong there).
+
+        ``prefill_stats`` returns the engine's cumulative ``(prefill tokens, seconds)``;
+        the cost model learns the recompute rate from it.
+        """
+        if layout.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"cannot offload KV of dtype {layout.dtype!r}")
+        self.layout = layout
+        self.model_fingerprint = model_fingerprint
+        self.fetch_timeout_s = fetch_timeout_s
+        self._prefill_stats = prefill_stats
+        self._prefill_seen = (0, 0.0)
+        self._namespaces: dict[str, Namespace] = {}
+        self._page_bytes = int(np.prod(layout.page_shape)) * _itemsize(layout.dtype)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kv-tiers", daemon=True)
+        self._thread.start()
+        self.store: TieredStore = self._call(self._start(build_store), timeout=120)
+
+    async def _start(self, build: Callable[[], Awaitable[TieredStore]]) -> TieredStore:
+        return await (await build()).start()
+
+    def _call(self, coro: Awaitable[Any], timeout: float) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def namespace(self, cache_salt: str) -> Namespace:
+        """The key namespace of a tenant's cache salt on this model and KV layout."""
+        ns = self._namespaces.get(cache_salt)
+        if ns is None:
+            lay = self.layout
+            shape = "x".join(str(d) for d in lay.page_shape)
+            ns = Namespace(
+                tenant=cache_salt,
+                model=self.model_fingerprint,
+                dtype=lay.dtype,
+                page_size=lay.page_size,
+                layout=f"{lay.layout}:{shape}",
+            )
+            self._namespaces[cache_salt] = ns
+        return ns
+
+    # --- KVOffload ------------------------------------------------------------------------
+    def on_evict(self, pages: list[EvictedPage]) -> None:
+        """Key the pages, copy their KV to host bytes and queue them; never blocks."""
+        try:
+            blocks = self._blocks(pages)
+        except Exception:  # a bug here must cost cache hits, not the engine
+            log.exception("could not turn %d evicted pages into blocks", len(pages))
+            return
+        self._loop.call_soon_threadsafe(self.store.offer, blocks)
+
+    def _blocks(self, pages: list[EvictedPage]) -> list[Block]:
+        ps = self.layout.page_size
+        kv = torch.stack([p.kv for p in pages]).to("cpu").contiguous()
+        raw = kv.view(len(pages), -1).view(torch.uint8).numpy()
+        keys = _chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
+        return [
+            make_block(
+                key,
+                self.namespace(p.namespace).digest,
+                self.layout.dtype,
+                tuple(p.kv.shape),
+                raw[i],
+            )
+            for i, (p, key) in enumerate(zip(pages, keys, strict=True))
+        ]
+
+    def load_prefix(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
+    ) -> LoadedPrefix | None:
+        """Fetch up to ``max_pages`` consecutive pages from ``start_page``, within the timeout."""
+        ns = self.namespace(namespace)
+        ps = self.layout.page_size
+        keys = page_keys(
+            ns.digest, token_ids[: (start_page + max_pages) * ps], ps, start=start_page
+        )
+        if not keys:
+            return None
+        self._learn_prefill_rate()
+        coro = self.store.fetch(ns.digest, keys, ps, page_bytes=self._page_bytes)
+        try:
+            fetched = self._call(coro, self.fetch_timeout_s)
+        except Exception as exc:  # timeout or a bug: recompute
+            self.store.failures.record("offload", "load", exc)
+            return None
+        n = 0
+        for block in fetched.blocks:
+            if block.shape != self.layout.page_shape or block.dtype != self.layout.dtype:
+                break  # a page from a different layout cannot be used (and is not ours)
+            n += 1
+        if n == 0:
+            return None
+        kv = torch.empty((n, *self.layout.page_shape), dtype=_TORCH_DTYPES[self.layout.dtype])
+        dst = kv.view(n, -1).view(torch.uint8).numpy()
+        for i, block in enumerate(fetched.blocks[:n]):
+            dst[i] = np.frombuffer(block.payload, dtype=np.uint8)
+        return LoadedPrefix(kv, tuple(fetched.tiers[:n]))
+
+    def _learn_prefill_rate(self) -> None:
+        if self._prefill_stats is None:
+            return
+        tokens, seconds = self._prefill_stats()
+        d_tok, d_sec = tokens - self._prefill_seen[0], seconds - self._prefill_seen[1]
+        self._prefill_seen = (tokens, seconds)
+        if d_tok > 0 and d_sec > 0:
+            self._loop.call_soon_threadsafe(self.store.cost.observe_prefill, d_tok, d_sec)
+
+    # --- observability and shutdown ---------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """The store's counters (per tier hits, bytes, latencies, drops, corruptions)."""
+
+        async def snapshot() -> dict[str, Any]:
+            return self.store.stats()
+
+        return self._call(snapshot(), timeout=5)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until queued write-behind pages have reached the NAS."""
+        self._call(self.store.drain(), timeout)
+
+    def close(self) -> None:
+        """Write what is queued, close the store and stop its thread."""
+        try:
+            self._call(self.store.close(), timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=_TORCH_DTYPES[dtype]).element_size()
+
+
+def _chain_keys(items: list[tuple[bytes, tuple[int, ...]]], page_size: int) -> list[bytes]:
+    """The key of each ``(namespace digest, token chain)``'s last page.
+
+    Evictions arrive as whole chains; pages of one sequence share their prefix, so each
+    chain continues from the longest already-keyed chain it extends instead of rehashing
+    from the first token (256 pages of one conversation cost 256 hashes, not 32,896).
+    """
+    out: list[bytes | None] = [None] * len(items)
+    done: dict[tuple[bytes, int], tuple[tuple[int, ...], bytes]] = {}
+    for i in sorted(range(len(items)), key=lambda j: len(items[j][1])):
+        seed, chain = items[i]
+        prev_len, prev_key = 0, seed
+        for n in range(len(chain) - page_size, 0, -page_size):
+            hit = done.get((seed, n))
+            if hit is not None and hit[0] == chain[:n]:
+                prev_len, prev_key = n, hit[1]
+                break
+        key = page_keys(prev_key, chain[prev_len:], page_size)[-1]
+        done[(seed, len(chain))] = (chain, key)
+        out[i] = key
+    return out  # type: ignore[return-value]
