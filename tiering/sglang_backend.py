@@ -26,9 +26,7 @@ This is an adapter, so torch is allowed here (the tiering core stays torch-free)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ctypes
-import functools
 import hashlib
 import itertools
 import logging
@@ -36,7 +34,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +52,7 @@ from tiering.cost import CostConfig, CostModel
 from tiering.failures import FailureLog
 from tiering.keys import Namespace
 from tiering.ledger import Ledger
+from tiering.sglang_loop import LoopThread, never_raises
 from tiering.sglang_options import (
     DATABASE_URL_ENV,
     S3_ACCESS_KEY_ENV,
@@ -72,50 +71,6 @@ T = TypeVar("T")
 _OPEN_TIMEOUT_S = 30.0
 
 
-class _LoopThread:
-    """An asyncio event loop running in its own daemon thread; callable from any thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run ``coro`` on the loop and wait up to ``timeout`` s (cancelling it past that)."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"tier call did not finish within {timeout:g} s") from None
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-def _never_raises(
-    fallback: Callable[..., Any],
-) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Turn any exception of the wrapped method into ``fallback(self, *args)``, counted and logged."""
-
-    def wrap(method: Callable[..., T]) -> Callable[..., T]:
-        @functools.wraps(method)
-        def guarded(self: KvgateHiCacheStorage, *args: Any, **kwargs: Any) -> T:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as exc:  # SGLang's threads must never see an exception from us
-                self._count(f"{method.__name__}_failed")
-                self._failures.record("sglang", method.__name__, exc)
-                return fallback(self, *args)
-
-        return guarded
-
-    return wrap
-
-
 def _misses(self: Any, keys: Sequence[str], *_: Any) -> list[Any]:
     return [None] * len(keys)
 
@@ -131,7 +86,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         # SGLang's dynamic factory calls ``cls(storage_config, kwargs)``.
         self.storage_config = storage_config
         self.options = SGLangBackendOptions.from_extra_config(storage_config.extra_config)
-        self._failures = FailureLog()
+        self.failures = FailureLog()
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
         self._namespace: Namespace | None = None
@@ -143,7 +98,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
             "prefetch_bandwidth": [],
             "backup_bandwidth": [],
         }
-        self._rt = _LoopThread("kvgate-sglang-tiers")
+        self._rt = LoopThread("kvgate-sglang-tiers")
         self._pg_pool: asyncpg.Pool | None = None
         self._object: ObjectTier | None = None
         try:
@@ -178,7 +133,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
                 ledger = Ledger(self._pg_pool)
             except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                 # Lookups fall back to the NAS itself; the ledger catches up via tierd.
-                self._failures.record("ledger", "connect", exc)
+                self.failures.record("ledger", "connect", exc)
         else:
             log.warning("%s is not set: running without the KV ledger", DATABASE_URL_ENV)
         # SGLang decides whether a prefetch is worth it (its prefetch policy), so the store
@@ -240,7 +195,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         return hashlib.sha256(self.namespace.digest + key.encode()).digest()
 
     # --- existence ------------------------------------------------------------------------------
-    @_never_raises(lambda self, keys, *a: 0)
+    @never_raises(lambda self, keys, *a: 0)
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
@@ -271,18 +226,18 @@ class KvgateHiCacheStorage(HiCacheStorage):
         )
         # A page of the wrong size (another geometry under a colliding name) ends the prefix.
         blocks = list(itertools.takewhile(lambda b: b.nbytes == self._page_bytes, fetched.blocks))
-        self._count("pages_read", len(blocks))
-        self._count("pages_missed", len(keys) - len(blocks))
+        self.count("pages_read", len(blocks))
+        self.count("pages_missed", len(keys) - len(blocks))
         self._observe("prefetch", len(blocks), time.perf_counter() - start)
         return blocks
 
-    @_never_raises(lambda self, key, *a: None)
+    @never_raises(lambda self, key, *a: None)
     def get(
         self, key: str, target_location: Any | None = None, target_sizes: Any | None = None
     ) -> torch.Tensor | None:
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
 
-    @_never_raises(_misses)
+    @never_raises(_misses)
     def batch_get(
         self,
         keys: list[str],
@@ -304,7 +259,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
             out[i] = dst
         return out
 
-    @_never_raises(_falses)
+    @never_raises(_falses)
     def batch_get_v1(
         self,
         keys: list[str],
@@ -338,11 +293,11 @@ class KvgateHiCacheStorage(HiCacheStorage):
             self._store.offer(blocks)
 
         self._rt.call(offer(), self.options.set_deadline_s)
-        self._count("pages_written", len(blocks))
+        self.count("pages_written", len(blocks))
         self._observe("backup", len(blocks), time.perf_counter() - start)
         return [True] * len(blocks)
 
-    @_never_raises(lambda self, key, *a: False)
+    @never_raises(lambda self, key, *a: False)
     def set(
         self,
         key: str,
@@ -352,7 +307,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
     ) -> bool:
         return self.batch_set([key], [value])
 
-    @_never_raises(lambda self, keys, *a: False)
+    @never_raises(lambda self, keys, *a: False)
     def batch_set(
         self,
         keys: list[str],
@@ -366,7 +321,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
             raise ValueError(f"a page must be {self._page_bytes} bytes, one of these is not")
         return all(self._offer(keys, payloads))
 
-    @_never_raises(_falses)
+    @never_raises(_falses)
     def batch_set_v1(
         self,
         keys: list[str],
@@ -422,13 +377,13 @@ class KvgateHiCacheStorage(HiCacheStorage):
             self._rt.call(self._clear_host(), self.options.set_deadline_s)
             return True
         except Exception as exc:
-            self._failures.record("sglang", "clear", exc)
+            self.failures.record("sglang", "clear", exc)
             return False
 
     async def _clear_host(self) -> None:
         self._store.host.clear()
 
-    @_never_raises(lambda self, *a: None)
+    @never_raises(lambda self, *a: None)
     def get_stats(self) -> Any:
         """SGLang's ``StorageMetrics`` since the previous call (pages and GB/s per operation)."""
         from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -443,7 +398,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         """Our own counters: per-operation page counts, failures, and the store's tier stats."""
         with self._counters_lock:
             counters = dict(self._counters)
-        failures = {f"{t}.{k}": n for (t, k), n in self._failures.counts.items()}
+        failures = {f"{t}.{k}": n for (t, k), n in self.failures.counts.items()}
         try:
             store = self._rt.call(self._store_stats(), self.options.exists_deadline_s)
         except Exception:
@@ -458,7 +413,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         try:
             self._rt.call(self._close(), self.options.set_deadline_s + 5)
         except Exception as exc:
-            self._failures.record("sglang", "close", exc)
+            self.failures.record("sglang", "close", exc)
         finally:
             self._rt.stop()
 
@@ -473,7 +428,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
                 await self._pg_pool.close()
 
     # --- counters ------------------------------------------------------------------------------
-    def _count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self._counters_lock:
             self._counters[name] += n
 
