@@ -12,6 +12,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import torch
@@ -31,22 +32,37 @@ from sglang_support import (
     sglang_keys,
     unique_prefix,
 )
+from tiering_support import fresh_database
 
+from kvgate.services.postgres import create_pool
 from kvgate.services.seaweed import S3Endpoint
+from tiering.ledger import NAS, OBJECT
 from tiering.sglang_backend import KvgateHiCacheStorage
 from tiering.sglang_options import DATABASE_URL_ENV
+from tiering.tierd import Tierd, TierdConfig
 from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
 
 Make = Callable[..., KvgateHiCacheStorage]
 
 
 @pytest.fixture
+def s3_prefix() -> str:
+    """This test's key prefix in the ``kvtest`` bucket."""
+    return unique_prefix()
+
+
+@pytest.fixture
 def make(
-    monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3_server: S3Endpoint, nas_dir: Path
+    monkeypatch: pytest.MonkeyPatch,
+    pg_dsn: str,
+    s3_server: S3Endpoint,
+    nas_dir: Path,
+    s3_prefix: str,
 ) -> Iterator[Make]:
     """Backends on this test's NAS dir and S3 prefix; each call is a fresh SGLang process."""
     backend_env(monkeypatch, pg_dsn, s3_server)
-    prefix = unique_prefix()
+    prefix = s3_prefix
     made: list[HiCacheStorage] = []
 
     def _make(pool: MHAHostPoolReplica | None = None, **kw: object) -> KvgateHiCacheStorage:
@@ -116,6 +132,64 @@ def test_zero_copy_round_trip_matches_generic_bytes(make: Make, layout: str) -> 
     # Both interfaces store the flat data page, so either can read the other's pages.
     flat = reader.batch_get(keys[:1], [dst.get_dummy_flat_data_page()])[0]
     assert flat.view(torch.uint8).numpy().tobytes() == src.page_bytes(int(idx[0]))
+
+
+async def test_pages_reach_the_ledger_and_survive_tierd_demotion_to_s3(
+    make: Make,
+    monkeypatch: pytest.MonkeyPatch,
+    pg_dsn: str,
+    s3_server: S3Endpoint,
+    nas_dir: Path,
+    s3_prefix: str,
+) -> None:
+    # tierd reconciles the whole ledger against one NAS: give it a ledger of its own.
+    async with fresh_database(pg_dsn) as db:
+        monkeypatch.setenv(DATABASE_URL_ENV, urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{db}")))
+        src = host_pool()
+        idx = src.alloc(5 * PAGE)
+        src.fill_random(idx, seed=6)
+        keys = sglang_keys(5, salt="demote")
+        writer = make(src)
+        assert writer.batch_set_v1(keys, idx) == [True] * 5
+        writer.flush()
+        scoped = [writer.scoped_key(k) for k in keys]
+
+        pool = await create_pool(pg_dsn, database=db, min_size=1, max_size=2)
+        try:
+            rows = await pool.fetch(
+                "SELECT key, namespace, tiers FROM kv_ledger WHERE key = ANY($1)", scoped
+            )
+            assert {r["key"] for r in rows} == set(scoped)
+            assert all(
+                r["tiers"] == NAS and r["namespace"] == writer.namespace.digest for r in rows
+            )
+
+            nas = NasTier(NasConfig(nas_dir))
+            obj_config = ObjectConfig(
+                endpoint_url=s3_server.url,
+                bucket="kvtest",
+                prefix=s3_prefix,
+                access_key=s3_server.access_key,
+                secret_key=s3_server.secret_key,
+                region=s3_server.region,
+            )
+            async with ObjectTier(obj_config) as obj:
+                # A NAS high watermark of 1 byte: tierd demotes every page to S3.
+                report = await Tierd(pool, nas, obj, TierdConfig(nas_high_bytes=1)).run_pass()
+            assert report.demoted == 5 and report.nas_deleted == 5, report
+            assert not any(nas.path(k).exists() for k in scoped)
+            tiers = await pool.fetch("SELECT tiers FROM kv_ledger WHERE key = ANY($1)", scoped)
+            assert [r["tiers"] for r in tiers] == [OBJECT] * 5
+        finally:
+            await pool.close()
+
+        dst = host_pool()
+        reader = make(dst)  # another worker, after demotion: only S3 has the pages
+        out = dst.alloc(5 * PAGE)
+        assert reader.batch_exists(keys) == 5
+        assert reader.batch_get_v1(keys, out) == [True] * 5
+        assert _pages(dst, out) == _pages(src, idx)
+        assert reader.stats()["store"]["store"].get("hit_object") == 5
 
 
 def test_a_corrupted_page_is_a_miss(make: Make, nas_dir: Path) -> None:
