@@ -41,6 +41,7 @@ from gateway.openapi import document
 from gateway.router import Router
 from gateway.streaming import HangupAwareStream
 from gateway.usage import UsageRecorder, UsageRow
+from gateway.web.routes import accounts_routes
 from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
 from protocol.registry import WorkerInfo
 
@@ -382,6 +383,8 @@ def build_app(config: GatewayConfig) -> Starlette:
         Route("/readyz", gw.readyz, methods=["GET"]),
         Route("/metrics", gw.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", gw.openapi, methods=["GET"]),
+        # Accounts, team console and Stripe billing (ACCOUNTS): see gateway/web/routes.py.
+        *accounts_routes(config.accounts, lambda: gw.pool),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),

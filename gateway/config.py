@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gateway.web.config import AccountsConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -44,6 +46,8 @@ class GatewayConfig:
     #: Asyncpg pool bounds.
     db_pool_min: int = 2
     db_pool_max: int = 10
+    #: Console, sign-in, email and Stripe billing (``gateway.web``, ``gateway.billing``).
+    accounts: AccountsConfig = field(default_factory=AccountsConfig)
 
     @staticmethod
     def parse_networks(cidrs: list[str] | tuple[str, ...]) -> tuple[Network, ...]:

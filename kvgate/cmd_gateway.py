@@ -10,6 +10,7 @@ import uvicorn
 
 from gateway.app import build_app
 from gateway.config import GatewayConfig
+from kvgate.accounts_config import accounts_config
 from kvgate.database import settings_database
 from kvgate.settings import Settings, load_settings
 from migrations import runner
@@ -28,6 +29,7 @@ def gateway_config(settings: Settings, dsn: str) -> GatewayConfig:
         upstream_timeout_s=settings.gateway_upstream_timeout_s,
         db_pool_min=min(settings.db_pool_min, settings.db_pool_max),
         db_pool_max=settings.db_pool_max,
+        accounts=accounts_config(settings),
     )
 
 

@@ -163,6 +163,46 @@ class Settings(BaseSettings):
         "--engine sglang`; unset means the one running kvgate.",
     )
 
+    # --- billing/accounts: console sign-in, email, Stripe (ACCOUNTS) ----------------------------
+    public_base_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="Where browsers reach the gateway: email links use it; https:// makes "
+        "session cookies Secure.",
+    )
+    session_secret: SecretStr = Field(
+        SecretStr(""),
+        description="Keys the console's CSRF tokens; set the same value on every gateway "
+        "replica (empty: random per process).",
+    )
+    smtp_host: str = Field("", description="SMTP server for account emails; empty logs them.")
+    smtp_port: int = Field(587, description="SMTP port.")
+    smtp_username: str = Field("", description="SMTP login (empty: no login).")
+    smtp_password: SecretStr = Field(SecretStr(""), description="SMTP password.")
+    smtp_sender: str = Field("kvgate <no-reply@localhost>", description="From: of account emails.")
+    smtp_starttls: bool = Field(True, description="Upgrade the SMTP connection with STARTTLS.")
+    stripe_secret_key: SecretStr = Field(
+        SecretStr(""), description="Stripe API key; empty disables checkout and metering."
+    )
+    stripe_webhook_secret: SecretStr = Field(
+        SecretStr(""), description="Signing secret of the Stripe webhook endpoint (whsec_...)."
+    )
+    stripe_prices: dict[str, str] = Field(
+        default_factory=dict,
+        description='Plan name -> Stripe price id (JSON, e.g. {"team": "price_..."}).',
+    )
+    stripe_metered_prices: list[str] = Field(
+        default_factory=list,
+        description="Metered Stripe price ids (input, cached input, output) added to subscriptions.",
+    )
+    stripe_meter_ids: dict[str, str] = Field(
+        default_factory=dict,
+        description="Meter name (input_tokens, cached_input_tokens, output_tokens) -> Stripe "
+        "meter id, for `kvgate billing reconcile`.",
+    )
+    billing_grace_days: float = Field(
+        3.0, ge=0, description="Days a team keeps paid limits after a failed payment."
+    )
+
     # --- the `kvgate up` supervisor (FOUNDATION) ------------------------------------------
     ready_timeout: float = Field(
         120.0, gt=0, description="Seconds `kvgate up` waits for each part to answer its probe."

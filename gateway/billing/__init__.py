@@ -1,0 +1,1 @@
+"""Stripe billing: checkout and portal sessions, webhooks, metered usage and reconcile."""

@@ -1,0 +1,98 @@
+"""The account, console and billing routes, listed in one place (explicit composition).
+
+``gateway.app`` adds these to its own routes. Every POST here except the Stripe webhook
+(authenticated by its signature) is a form behind the CSRF check; every console page is
+behind the login guard, which sends anonymous browsers to the login page.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import stripe
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from gateway.billing.client import stripe_client
+from gateway.billing.webhooks import WebhookEndpoint
+from gateway.web.auth_views import AuthViews
+from gateway.web.config import AccountsConfig
+from gateway.web.console_billing import BillingViews
+from gateway.web.console_keys import KeyViews
+from gateway.web.console_members import MemberViews
+from gateway.web.console_usage import UsageViews
+from gateway.web.mailer import Mailer
+from gateway.web.site import LoginRequired, Site, login_redirect
+from web import STATIC_DIR
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+WEBHOOK_PATH = "/billing/stripe/webhook"
+
+
+def _guarded(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except LoginRequired:
+            return login_redirect(request)
+
+    return run
+
+
+def accounts_routes(
+    config: AccountsConfig,
+    pool: Callable[[], asyncpg.Pool],
+    stripe_http_client: stripe.HTTPClient | None = None,
+) -> list[BaseRoute]:
+    """Routes for sign-in, the console and billing over ``pool`` (a getter: the pool opens
+    in the app's lifespan). ``stripe_http_client`` is stripe-python's transport seam."""
+    site = Site(config, pool, Mailer(config.smtp))
+    client = (
+        stripe_client(config.billing, stripe_http_client) if config.billing.secret_key else None
+    )
+    auth = AuthViews(site)
+    keys = KeyViews(site)
+    usage = UsageViews(site)
+    members = MemberViews(site)
+    billing = BillingViews(site, lambda: client)
+    form = site.csrf.protect
+    page = _guarded
+
+    def post(handler: Handler) -> Handler:
+        return form(_guarded(handler))
+
+    team = "/console/teams/{team_id:int}"
+    return [
+        Route("/signup", auth.signup_form, methods=["GET"]),
+        Route("/signup", form(auth.signup), methods=["POST"]),
+        Route("/verify", auth.verify, methods=["GET"]),
+        Route("/login", auth.login_form, methods=["GET"]),
+        Route("/login", form(auth.login), methods=["POST"]),
+        Route("/logout", form(auth.logout), methods=["POST"]),
+        Route("/password/forgot", auth.forgot_form, methods=["GET"]),
+        Route("/password/forgot", form(auth.forgot), methods=["POST"]),
+        Route("/password/reset", auth.reset_form, methods=["GET"]),
+        Route("/password/reset", form(auth.reset), methods=["POST"]),
+        Route("/invite", page(members.accept_form), methods=["GET"]),
+        Route("/invite", post(members.accept), methods=["POST"]),
+        Route("/console", page(keys.home), methods=["GET"]),
+        Route(team, page(keys.team_home), methods=["GET"]),
+        Route(team + "/keys", page(keys.list), methods=["GET"]),
+        Route(team + "/keys", post(keys.create), methods=["POST"]),
+        Route(team + "/keys/{key_id:int}/revoke", post(keys.revoke), methods=["POST"]),
+        Route(team + "/usage", page(usage.page), methods=["GET"]),
+        Route(team + "/usage.csv", page(usage.csv), methods=["GET"]),
+        Route(team + "/members", page(members.page), methods=["GET"]),
+        Route(team + "/members/invite", post(members.invite), methods=["POST"]),
+        Route(team + "/billing", page(billing.page), methods=["GET"]),
+        Route(team + "/billing/checkout", post(billing.upgrade), methods=["POST"]),
+        Route(team + "/billing/portal", post(billing.portal), methods=["POST"]),
+        Route(WEBHOOK_PATH, WebhookEndpoint(config.billing, pool), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]

@@ -1,0 +1,115 @@
+"""What every page handler shares: the database, templates, CSRF, mail, and the guards.
+
+Guards turn "who is this browser" into a redirect or a 404 before a handler does
+anything: anonymous browsers go to the login page; a signed-in user asking for a team
+they are not in gets 404 (not 403), so team ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+import jinja2
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from gateway.web import sessions, users
+from gateway.web.config import AccountsConfig
+from gateway.web.csrf import Csrf
+from gateway.web.mailer import Mailer
+from gateway.web.sessions import SessionUser
+from gateway.web.users import Membership
+from web import TEMPLATES_DIR
+
+
+class LoginRequired(Exception):
+    """Raised by :meth:`Site.user`; turned into a redirect to the login page."""
+
+
+class Site:
+    """Shared parts of the account and console pages."""
+
+    def __init__(
+        self, config: AccountsConfig, pool: Callable[[], asyncpg.Pool], mailer: Mailer
+    ) -> None:
+        self.config = config
+        self._pool = pool
+        self.mailer = mailer
+        self.csrf = Csrf(config.session_secret, config.secure_cookies)
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        """The gateway's connection pool (opened in its lifespan, hence the getter)."""
+        return self._pool()
+
+    def link(self, path: str) -> str:
+        """An absolute URL on the public site, for emails."""
+        return self.config.public_base_url.rstrip("/") + path
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        status: int = 200,
+        *,
+        user: SessionUser | None = None,
+        **context: Any,
+    ) -> Response:
+        """``template`` rendered with the CSRF token and user; pages are never cached."""
+        token, new_cookie = self.csrf.token(request)
+        html = self.templates.get_template(template).render(
+            csrf_token=token, user=user, path=request.url.path, **context
+        )
+        response = HTMLResponse(html, status, headers={"cache-control": "no-store"})
+        if new_cookie is not None:
+            self.csrf.set_cookie(response, new_cookie)
+        return response
+
+    async def user(self, request: Request) -> SessionUser:
+        """The signed-in user; raises :class:`LoginRequired` for anonymous browsers."""
+        user = await sessions.user_for(self.db, request.cookies.get(sessions.COOKIE))
+        if user is None:
+            raise LoginRequired
+        return user
+
+    async def member(
+        self, request: Request, *, owner: bool = False
+    ) -> tuple[SessionUser, Membership]:
+        """The user and their membership of the team in the path (404 when not a member).
+
+        With ``owner``, a plain member gets 403: they may see the team, not change this.
+        """
+        user = await self.user(request)
+        team_id = request.path_params["team_id"]
+        membership = await users.membership(self.db, user.id, team_id)
+        if membership is None:
+            raise HTTPException(404, "No such team.")
+        if owner and membership.role != "owner":
+            raise HTTPException(403, "Only an owner of this team can do this.")
+        return user, membership
+
+
+def login_redirect(request: Request) -> Response:
+    """Send an anonymous browser to the login page, coming back here afterwards."""
+    target = request.url.path
+    if request.url.query:
+        target += "?" + request.url.query
+    if request.method != "GET":
+        target = "/console"
+    return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def safe_next(value: str | None) -> str:
+    """A post-login destination that stays on this site (no open redirect)."""
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/console"

@@ -1,0 +1,140 @@
+"""People and their teams: users, memberships (owner or member) and sign-up.
+
+A sign-up creates the user, a team of their own on the ``free`` plan (through
+``gateway.accounts``, the same code ``kvgate admin`` uses) and the owner membership in
+one transaction, so there is never a user without a team or a team without an owner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from gateway import accounts
+
+SIGNUP_PLAN = "free"
+
+
+class SignupError(ValueError):
+    """The sign-up cannot go through; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A user as the login form needs it."""
+
+    id: int
+    email: str
+    password_hash: str
+    verified: bool
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One user's place in one team."""
+
+    team_id: int
+    team: str
+    role: str
+    plan: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """A row of a team's member list."""
+
+    user_id: int
+    email: str
+    role: str
+    since: datetime
+
+
+def normalize_email(email: str) -> str:
+    """The form in which emails are stored and compared."""
+    return email.strip().lower()
+
+
+async def sign_up(pool: asyncpg.Pool, email: str, password_hash: str, team_name: str) -> int:
+    """Create an unverified user owning a new team; returns the user id."""
+    async with pool.acquire() as conn, conn.transaction():
+        user_id = await conn.fetchval(
+            "INSERT INTO users (email, password_hash) VALUES ($1, $2) "
+            "ON CONFLICT (email) DO NOTHING RETURNING id",
+            email,
+            password_hash,
+        )
+        if user_id is None:
+            raise SignupError("An account with this email exists already; log in instead.")
+        try:
+            team = await accounts.create_team(conn, team_name, SIGNUP_PLAN)
+        except accounts.AccountError as exc:
+            raise SignupError(f"The team name {team_name!r} is taken; choose another.") from exc
+        await add_member(conn, user_id, team.id, "owner")
+        return int(user_id)
+
+
+async def credentials(db: Any, email: str) -> Credentials | None:
+    """The user with ``email`` (normalized), or None."""
+    row = await db.fetchrow(
+        "SELECT id, email, password_hash, verified_at IS NOT NULL FROM users WHERE email = $1",
+        email,
+    )
+    return None if row is None else Credentials(*row)
+
+
+async def mark_verified(db: Any, user_id: int) -> None:
+    """Record that ``user_id`` owns their email address."""
+    await db.execute(
+        "UPDATE users SET verified_at = coalesce(verified_at, now()) WHERE id = $1", user_id
+    )
+
+
+async def set_password(db: Any, user_id: int, password_hash: str) -> None:
+    """Replace the password of ``user_id``."""
+    await db.execute("UPDATE users SET password_hash = $2 WHERE id = $1", user_id, password_hash)
+
+
+async def memberships(db: Any, user_id: int) -> list[Membership]:
+    """The teams of ``user_id``, oldest membership first."""
+    rows = await db.fetch(
+        "SELECT t.id, t.name, m.role, t.plan FROM memberships m JOIN teams t ON t.id = m.team_id "
+        "WHERE m.user_id = $1 ORDER BY m.created_at, t.id",
+        user_id,
+    )
+    return [Membership(*r) for r in rows]
+
+
+async def membership(db: Any, user_id: int, team_id: int) -> Membership | None:
+    """The membership of ``user_id`` in ``team_id``, or None when they are not in it."""
+    row = await db.fetchrow(
+        "SELECT t.id, t.name, m.role, t.plan FROM memberships m JOIN teams t ON t.id = m.team_id "
+        "WHERE m.user_id = $1 AND m.team_id = $2",
+        user_id,
+        team_id,
+    )
+    return None if row is None else Membership(*row)
+
+
+async def add_member(db: Any, user_id: int, team_id: int, role: str) -> None:
+    """Put ``user_id`` in ``team_id`` with ``role`` (an existing membership is kept)."""
+    await db.execute(
+        "INSERT INTO memberships (user_id, team_id, role) VALUES ($1, $2, $3) "
+        "ON CONFLICT (user_id, team_id) DO NOTHING",
+        user_id,
+        team_id,
+        role,
+    )
+
+
+async def members(db: Any, team_id: int) -> list[Member]:
+    """Everyone in ``team_id``, owners first."""
+    rows = await db.fetch(
+        "SELECT u.id, u.email, m.role, m.created_at FROM memberships m "
+        "JOIN users u ON u.id = m.user_id WHERE m.team_id = $1 "
+        "ORDER BY m.role = 'owner' DESC, m.created_at",
+        team_id,
+    )
+    return [Member(*r) for r in rows]

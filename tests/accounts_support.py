@@ -1,0 +1,106 @@
+"""Helpers for the accounts, console and billing tests.
+
+In-process tests serve the real account routes (``gateway.web.routes``) on the session
+Postgres through httpx's ASGI transport; emails are read back from the log, the way a
+local user would follow them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from gateway.billing.config import BillingConfig
+from gateway.web.config import AccountsConfig
+from gateway.web.routes import accounts_routes
+
+PASSWORD = "correct horse battery"
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+_LINK = re.compile(r"(https?://\S+?(/verify|/password/reset|/invite)\?token=[\w%-]+)")
+
+
+def accounts_app(
+    pool: asyncpg.Pool, stripe_http: Any = None, **overrides: Any
+) -> tuple[Starlette, AccountsConfig]:
+    """The account routes alone, over ``pool``; ``overrides`` replace AccountsConfig fields."""
+    config = replace(
+        AccountsConfig(
+            session_secret="test-secret",
+            public_base_url="http://console.test",
+            billing=BillingConfig(webhook_secret="whsec_test"),
+        ),
+        **overrides,
+    )
+    app = Starlette(routes=accounts_routes(config, lambda: pool, stripe_http))
+    return app, config
+
+
+def browser(app: Starlette) -> httpx.AsyncClient:
+    """A cookie-keeping client on ``app`` that does not follow redirects by itself."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://console.test")
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token in a rendered form."""
+    match = _CSRF.search(html)
+    assert match, "no csrf_token field in the page"
+    return match.group(1)
+
+
+async def form_token(client: httpx.AsyncClient, path: str) -> str:
+    """GET ``path`` and return its form's CSRF token."""
+    response = await client.get(path)
+    assert response.status_code == 200, response.text
+    return csrf_of(response.text)
+
+
+def emailed_link(caplog: pytest.LogCaptureFixture, to: str, kind: str) -> str:
+    """The newest ``kind`` link (verify, password/reset, invite) mailed to ``to``."""
+    for record in reversed(caplog.records):
+        text = record.getMessage()
+        if record.name == "gateway.web.mailer" and f"email to {to} " in text:
+            for link, path in _LINK.findall(text):
+                if path == "/" + kind:
+                    return link
+    raise AssertionError(f"no {kind} link mailed to {to} in the log")
+
+
+def path_of(link: str) -> str:
+    """``link`` without scheme and host."""
+    return "/" + link.split("/", 3)[3]
+
+
+@dataclass
+class Account:
+    """A signed-up, verified, signed-in user and their team."""
+
+    email: str
+    team_id: int
+    client: httpx.AsyncClient
+
+
+async def sign_up(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, email: str | None = None
+) -> Account:
+    """Sign up through the forms, follow the emailed link; the client ends signed in."""
+    caplog.set_level(logging.WARNING, logger="gateway.web.mailer")
+    email = email or f"user-{uuid.uuid4().hex[:10]}@example.com"
+    token = await form_token(client, "/signup")
+    team = f"team-{uuid.uuid4().hex[:10]}"
+    data = {"csrf_token": token, "email": email, "team": team, "password": PASSWORD}
+    response = await client.post("/signup", data=data)
+    assert response.status_code == 200, response.text
+    response = await client.get(path_of(emailed_link(caplog, email, "verify")))
+    assert response.status_code == 303 and response.headers["location"] == "/console"
+    response = await client.get("/console")
+    assert response.status_code == 303, response.text
+    team_id = int(response.headers["location"].split("/")[3])
+    return Account(email, team_id, client)
