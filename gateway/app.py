@@ -327,7 +327,6 @@ class _Call:
     async def _finish(self) -> None:
         """Release the admission lease and record usage and metrics."""
         gw, out, who = self.gw, self.outcome, self.who
-        await gw.limiter.release(self.decision.lease)
         now = time.perf_counter()
         ttft = None if out.first_token_at is None else (out.first_token_at - self.started)
         gw.usage.record(
@@ -357,6 +356,7 @@ class _Call:
         gw.metrics.tokens.labels("prompt").inc(out.prompt_tokens)
         gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
         gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
+        await gw.limiter.release(self.decision.lease)
 
 
 def _refusal(decision: Decision, who: Principal) -> str:

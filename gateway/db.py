@@ -10,6 +10,7 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # a connection that broke mid-operation
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,

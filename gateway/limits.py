@@ -13,7 +13,7 @@ does; the daily quota is settled to the actual tokens when usage is written.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import math
 import uuid
 from dataclasses import dataclass
@@ -23,6 +23,8 @@ import asyncpg
 from gateway.accounts import Plan
 from gateway.auth import Principal
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
+
+log = logging.getLogger(__name__)
 
 #: Reasons a request is refused (``Decision.reason``).
 DAILY = "tokens_per_day"
@@ -107,10 +109,12 @@ class Limiter:
         """End a lease (best effort: an unreleased lease expires by itself)."""
         if lease is None:
             return
-        with contextlib.suppress(*UNAVAILABLE):  # an unreleased lease expires on its own
+        try:
             await self._pool.execute(
                 "DELETE FROM inflight WHERE lease_id = $1", lease, timeout=HOT_TIMEOUT_S
             )
+        except Exception as exc:  # any failure: the lease expires on its own
+            log.warning("lease %s not released (it will expire): %r", lease, exc)
 
 
 def rate_headers(plan: Plan, decision: Decision | None) -> dict[str, str]:

@@ -127,6 +127,9 @@ class UsageRecorder:
                 await self.flush()
             except UNAVAILABLE as exc:
                 log.warning("usage rows kept for retry (%d pending): %s", self.pending, exc)
+            except Exception:
+                # Not an outage, but the rows are still kept: retrying beats losing them.
+                log.exception("usage flush failed (%d pending); retrying", self.pending)
 
     async def close(self, deadline_s: float) -> None:
         """Flush what is left, retrying until ``deadline_s`` seconds have passed."""

@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,12 +27,11 @@ from protocol import registry
 def wait_http(
     url: str, deadline_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
-    """Poll ``url`` until it answers 200 (or fail with the process output)."""
+    """Poll ``url`` until it answers 200 (or fail if ``proc`` exits first)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            raise RuntimeError(f"process exited with {proc.returncode}:\n{out}")
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {url} answered")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -43,24 +43,30 @@ def wait_http(
 def process(
     args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_s: float = 30.0
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``args`` until the block ends; yields once ``ready_url`` answers."""
-    proc = subprocess.Popen(
-        args,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_http(ready_url, ready_s, proc=proc)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """Run ``args`` until the block ends; yields once ``ready_url`` answers.
+
+    Output goes to a file (a pipe nobody drains would block a chatty process); it is
+    printed when the block fails, so pytest shows it with the failure.
+    """
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_http(ready_url, ready_s, proc=proc)
+            yield proc
+        except BaseException:
+            log.seek(0)
+            print(f"--- output of {args[:6]} ---\n{log.read().decode(errors='replace')[-20000:]}")
+            raise
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 @contextlib.contextmanager
