@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ def embedded_postgres(pg_dir: Path, *, keep_running: bool = False) -> Iterator[s
     On exit the server is stopped unless another process still uses it or
     ``keep_running`` is set.
     """
-    import pgserver  # heavy import, only when the embedded server is wanted
+    with warnings.catch_warnings():
+        # pgserver keeps its lock file in the XDG runtime dir and falls back to /tmp when
+        # XDG_RUNTIME_DIR is unset (containers, CI): fine for us, so no warning on every run
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import pgserver  # heavy import, only when the embedded server is wanted
 
     pg_dir = Path(pg_dir).absolute()
     pg_dir.mkdir(parents=True, exist_ok=True)
