@@ -43,9 +43,12 @@ def accounts_app(
     return app, config
 
 
-def browser(app: Starlette) -> httpx.AsyncClient:
+def browser(app: Starlette, https: bool = False) -> httpx.AsyncClient:
     """A cookie-keeping client on ``app`` that does not follow redirects by itself."""
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://console.test")
+    scheme = "https" if https else "http"
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url=f"{scheme}://console.test"
+    )
 
 
 def csrf_of(html: str) -> str:
@@ -85,6 +88,8 @@ class Account:
     email: str
     team_id: int
     client: httpx.AsyncClient
+    #: The Set-Cookie header that started the session (after following the email link).
+    session_cookie: str
 
 
 async def sign_up(
@@ -98,9 +103,9 @@ async def sign_up(
     data = {"csrf_token": token, "email": email, "team": team, "password": PASSWORD}
     response = await client.post("/signup", data=data)
     assert response.status_code == 200, response.text
-    response = await client.get(path_of(emailed_link(caplog, email, "verify")))
-    assert response.status_code == 303 and response.headers["location"] == "/console"
+    verified = await client.get(path_of(emailed_link(caplog, email, "verify")))
+    assert verified.status_code == 303 and verified.headers["location"] == "/console"
     response = await client.get("/console")
     assert response.status_code == 303, response.text
     team_id = int(response.headers["location"].split("/")[3])
-    return Account(email, team_id, client)
+    return Account(email, team_id, client, verified.headers["set-cookie"])
