@@ -71,7 +71,7 @@ class WebhookEndpoint:
         self._config = config
         self._pool = pool
 
-    async def __call__(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response:
         payload = await request.body()
         if not self._config.webhook_secret:
             return JSONResponse(

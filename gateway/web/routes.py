@@ -93,6 +93,6 @@ def accounts_routes(
         Route(team + "/billing", page(billing.page), methods=["GET"]),
         Route(team + "/billing/checkout", post(billing.upgrade), methods=["POST"]),
         Route(team + "/billing/portal", post(billing.portal), methods=["POST"]),
-        Route(WEBHOOK_PATH, WebhookEndpoint(config.billing, pool), methods=["POST"]),
+        Route(WEBHOOK_PATH, WebhookEndpoint(config.billing, pool).handle, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
