@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -67,11 +69,17 @@ def processes_referencing(home: Path) -> list[str]:
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    """A fresh KVGATE_HOME; afterwards nothing may still run from it."""
-    path = tmp_path / "home"
+def home() -> Iterator[Path]:
+    """A fresh KVGATE_HOME; afterwards nothing may still run from it.
+
+    Not under pytest's tmp_path: as root, the embedded Postgres runs as the user
+    ``pgserver``, which must traverse every parent of its data directory, and each new
+    pytest session on the machine resets /tmp/pytest-of-<user> to mode 0700.
+    """
+    path = Path(tempfile.mkdtemp(prefix="kvgate-up-test-")) / "home"
     yield path
     assert processes_referencing(path) == []
+    shutil.rmtree(path.parent)
 
 
 def start_up(home: Path, **env: str) -> tuple[subprocess.Popen[str], Lines]:
