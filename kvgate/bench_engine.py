@@ -24,7 +24,7 @@ import click
 import torch
 
 from kvgate.bench_hf import HFBaseline, matmul_gflops, prefill_flops
-from kvgate.serving import WorkerOptions, build_engine, load_model, worker_options
+from kvgate.serving import WorkerOptions, load_model, running_engine, worker_options
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
 
 PROMPT_LENGTHS = (128, 512, 2048)
@@ -151,7 +151,6 @@ async def measure(
     one least disturbed by other processes, which is what we want to compare.
     """
     loaded = load_model(options)
-    engine = build_engine(loaded, options)
     steps, reps = (16, 1) if quick else (64, 3)
     figures = Figures(
         model=loaded.model_id,
@@ -164,22 +163,18 @@ async def measure(
     vocab = loaded.config.vocab_size
     prompts = {n: random_prompts(1, n, vocab, seed=i)[0] for i, n in enumerate(PROMPT_LENGTHS)}
     batches = {b: random_prompts(b, DECODE_PROMPT, vocab, seed=1000 + b) for b in DECODE_BATCHES}
-    # Warm-up: first-call allocations and kernel selection are not what we measure.
-    await engine_prefill_tps(engine, random_prompts(1, 32, vocab, seed=99)[0])
-    for n, prompt in prompts.items():
-        figures.prefill_tps[n] = max(
-            [await engine_prefill_tps(engine, prompt) for _ in range(reps)]
-        )
-        figures.prefill_gflops[n] = (
-            prefill_flops(loaded.config, n) * figures.prefill_tps[n] / n / 1e9
-        )
-        say(f"kvgate prefill {n}: {figures.prefill_tps[n]:.1f} tok/s")
-    for b, batch in batches.items():
-        figures.decode_tps[b] = max(
-            [await engine_decode_tps(engine, batch, steps) for _ in range(reps)]
-        )
-        say(f"kvgate decode batch {b}: {figures.decode_tps[b]:.1f} tok/s")
-    engine.close()
+    with running_engine(loaded, options) as engine:
+        # Warm-up: first-call allocations and kernel selection are not what we measure.
+        await engine_prefill_tps(engine, random_prompts(1, 32, vocab, seed=99)[0])
+        for n, prompt in prompts.items():
+            best = max([await engine_prefill_tps(engine, prompt) for _ in range(reps)])
+            figures.prefill_tps[n] = best
+            figures.prefill_gflops[n] = prefill_flops(loaded.config, n) * best / n / 1e9
+            say(f"kvgate prefill {n}: {best:.1f} tok/s")
+        for b, batch in batches.items():
+            best = max([await engine_decode_tps(engine, batch, steps) for _ in range(reps)])
+            figures.decode_tps[b] = best
+            say(f"kvgate decode batch {b}: {best:.1f} tok/s")
     # Other processes may have shared the CPU during the first measurement; the roofline is
     # what the machine can do, so keep the better of two.
     figures.matmul_gflops = max(figures.matmul_gflops, matmul_gflops())

@@ -4,6 +4,9 @@ With no ``--model`` it serves SmolLM2-135M-Instruct (fetched once) as the model 
 ``smollm2-135m-instruct``. It prints ``worker ready at http://HOST:PORT model=ID`` once the
 socket accepts connections (``kvgate up`` waits for that, then probes ``GET /health``).
 SIGTERM or Ctrl-C stop accepting, let running requests finish, then stop the engine.
+With tiers (the default), evicted KV pages go to host RAM, the NAS and S3 (when an endpoint
+is configured, with the ledger in Postgres when ``DATABASE_URL`` is set) and come back on a
+prefix hit.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import click
 import uvicorn
 
 from kvgate.cmd_worker_sglang import EngineSwitch
-from kvgate.serving import build_engine, load_model, worker_options
+from kvgate.serving import LoadedModel, WorkerOptions, load_model, running_engine, worker_options
 from kvgate.settings import load_settings
 from workers.context import ServerConfig
+from workers.engine.engine import TorchEngine
+from workers.engine.offload import NoOffload
 from workers.server import create_app
 
 #: Seconds running requests get to finish after SIGTERM before the server closes them.
@@ -64,12 +69,27 @@ class _Server(uvicorn.Server):
 @click.option("--token-budget", type=int, help="Most tokens in one engine step.")
 @click.option("--device", help="torch device: auto, cpu, cuda, cuda:1 ...")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
-def worker(host: str | None, port: int | None, **engine_flags: object) -> None:
+@click.option(
+    "--tiers/--no-tiers",
+    default=None,
+    help="Spill evicted KV to host RAM, the NAS and S3 (when configured) and fetch it back "
+    "(default: KVGATE_WORKER_TIERS).",
+)
+def worker(host: str | None, port: int | None, tiers: bool | None, **engine_flags: object) -> None:
     """Serve a model with the built-in engine (OpenAI and SGLang-native HTTP API)."""
     settings = load_settings()
     options = worker_options(settings, **engine_flags)
     loaded = load_model(options)
-    engine = build_engine(loaded, options)
+    use_tiers = settings.worker_tiers if tiers is None else tiers
+    with running_engine(loaded, options, settings if use_tiers else None) as engine:
+        port = settings.worker_port if port is None else port
+        _serve(engine, loaded, options, host or settings.bind_host, port)
+
+
+def _serve(
+    engine: TorchEngine, loaded: LoadedModel, options: WorkerOptions, host: str, port: int
+) -> None:
+    """Serve ``engine`` until SIGTERM/SIGINT, then let running requests finish."""
     info = {
         "version": version("kvgate"),
         "model": options.model or loaded.model_id,
@@ -79,16 +99,10 @@ def worker(host: str | None, port: int | None, **engine_flags: object) -> None:
         "page_size": options.engine.page_size,
         "max_batch": options.engine.max_batch,
         "token_budget": options.engine.token_budget,
+        "tiers": not isinstance(engine.offload, NoOffload),
     }
     app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(server_info=info))
     config = uvicorn.Config(
-        app,
-        host=host or settings.bind_host,
-        port=settings.worker_port if port is None else port,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        log_level="info",
+        app, host=host, port=port, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info"
     )
-    try:
-        asyncio.run(_Server(config, loaded.model_id).serve())
-    finally:
-        engine.close()
+    asyncio.run(_Server(config, loaded.model_id).serve())

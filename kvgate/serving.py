@@ -1,8 +1,10 @@
-"""Loading a model and building the built-in engine, from settings: shared by `kvgate worker`
+"""Loading a model and running the built-in engine, from settings: shared by `kvgate worker`
 and `kvgate bench engine` so that the benchmark measures exactly what the worker serves."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,12 @@ import torch
 
 from kvgate.models import DEFAULT_MODEL, ensure_model
 from kvgate.settings import Settings, load_settings
+from kvgate.tiering_setup import tiered_offload
 from workers.context import ChatTemplate, TextTokenizer
 from workers.engine.chat_template import ChatTemplate as Template
 from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.kv_pool import KVLayout
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 from workers.engine.weights import TINY_RANDOM, load_model_weights
 
@@ -91,6 +95,53 @@ def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
     return Template(source, bos_token=special.bos, eos_token=special.eos).render
 
 
-def build_engine(loaded: LoadedModel, options: WorkerOptions) -> TorchEngine:
-    """A running engine for ``loaded`` (its thread starts now; ``close()`` stops it)."""
-    return TorchEngine(loaded.config, loaded.state, options.engine, model_id=loaded.model_id)
+def kv_layout(config: ModelConfig, options: EngineOptions) -> KVLayout:
+    """The page layout of the pool an engine with ``options`` allocates (tier keys fold it in)."""
+    _, dtype = options.resolved()
+    return KVLayout(
+        dtype=str(dtype).removeprefix("torch."),
+        page_size=options.page_size,
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+    )
+
+
+@contextlib.contextmanager
+def running_engine(
+    loaded: LoadedModel, options: WorkerOptions, tiers: Settings | None = None
+) -> Iterator[TorchEngine]:
+    """An engine serving ``loaded``, stopped on exit.
+
+    With ``tiers`` (the settings naming host RAM budget, NAS, S3 and Postgres), pages the
+    engine evicts go down the tier ladder and come back on a prefix hit; without, they are
+    dropped. The tiers close after the engine, so queued write-behind still lands.
+    """
+    engine: TorchEngine | None = None
+
+    def prefill_stats() -> tuple[int, float]:
+        # Called on the engine thread mid-step, so it reads the counters without their lock.
+        stats = engine.scheduler.stats if engine is not None else None
+        return (stats.prefill_tokens, stats.prefill_seconds) if stats else (0, 0.0)
+
+    offload = None
+    if tiers is not None:
+        dsn = tiers.database_url.get_secret_value() if tiers.database_url else None
+        offload = tiered_offload(
+            tiers,
+            dsn,
+            model_fingerprint=loaded.model_id,
+            layout=kv_layout(loaded.config, options.engine),
+            prefill_stats=prefill_stats,
+        )
+    try:
+        engine = TorchEngine(
+            loaded.config, loaded.state, options.engine, model_id=loaded.model_id, offload=offload
+        )
+        try:
+            yield engine
+        finally:
+            engine.close()
+    finally:
+        if offload is not None:
+            offload.close()

@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     worker_dtype: str = Field(
         "auto", description="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)."
     )
+    worker_tiers: bool = Field(
+        True, description="Spill evicted KV pages down host RAM -> NAS -> S3 and fetch them back."
+    )
 
     # --- SGLang workers (SGLANG) ---------------------------------------------------------------
     sglang_python: str | None = Field(

@@ -14,9 +14,15 @@ import httpx
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 
 
-async def test_worker_serves_and_finishes_running_requests_on_sigterm(smollm2_gguf: Path) -> None:
+async def test_worker_serves_and_finishes_running_requests_on_sigterm(
+    smollm2_gguf: Path, nas_dir: Path
+) -> None:
     # tiny-random borrows SmolLM2's tokenizer: point the models dir at the test cache.
-    env = {**os.environ, "KVGATE_HOME": str(smollm2_gguf.parent.parent)}
+    env = {
+        **os.environ,
+        "KVGATE_HOME": str(smollm2_gguf.parent.parent),
+        "KVGATE_NAS_PATH": str(nas_dir),
+    }
     proc = await asyncio.create_subprocess_exec(
         KVGATE, "worker", "--model", "tiny-random", "--port", "0", "--kv-pool-bytes", "4000000",
         env=env,
@@ -30,6 +36,7 @@ async def test_worker_serves_and_finishes_running_requests_on_sigterm(smollm2_gg
         assert model == "model=tiny-random"
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             assert (await client.get("/health")).text == "ok"
+            assert (await client.get("/server_info")).json()["tiers"] is True
             body = {
                 "model": "tiny-random",
                 "messages": [{"role": "user", "content": "Count to ten."}],
