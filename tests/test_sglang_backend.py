@@ -352,3 +352,32 @@ def test_unreachable_postgres_and_early_calls_never_raise(
     assert reader.batch_exists(keys) == 2
     assert reader.batch_get_v1(keys, out) == [True, True]
     assert _pages(dst, out) == _pages(src, idx)
+
+
+def test_a_read_past_its_deadline_is_a_miss(make: Make) -> None:
+    src = host_pool()
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=7)
+    keys = sglang_keys(2, salt="deadline")
+    writer = make(src)
+    writer.batch_set_v1(keys, idx)
+    writer.flush()
+    dst = host_pool()
+    # No read can cross to the tier thread and back in a microsecond.
+    hasty = make(dst, get_deadline_s=1e-6, exists_deadline_s=1e-6)
+    out = dst.alloc(2 * PAGE)
+    assert hasty.batch_get_v1(keys, out) == [False, False]
+    assert hasty.batch_exists(keys) == 0
+    assert set(_pages(dst, out)[0]) == {0}
+    assert hasty.stats()["backend"]["batch_get_v1_failed"] == 1
+
+
+def test_hybrid_model_pool_calls_answer_nothing_stored(make: Make) -> None:
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    backend = make()
+    keys = sglang_keys(2, salt="hybrid")
+    transfer = PoolTransfer(name=PoolName.MAMBA, keys=keys, host_indices=torch.arange(2))
+    assert backend.batch_exists_v2(keys, [transfer]).kv_hit_pages == 0
+    assert backend.batch_set_v2([transfer]) == {PoolName.MAMBA: [False, False]}
+    assert backend.batch_get_v2([transfer]) == {PoolName.MAMBA: [False, False]}

@@ -45,6 +45,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolTransferResult,
 )
 
 from tiering.codec import DTYPE_SIZES, Block, make_block
@@ -361,6 +362,27 @@ class KvgateHiCacheStorage(HiCacheStorage):
                 raise ValueError("host pool page buffers do not add up to one page")
             pages.append(chunk)
         return pages
+
+    # --- hybrid models (per-pool v2 interface) ---------------------------------------------------
+    # Mamba/SWA/DSA models keep extra pools that SGLang stores through the v2 calls. They are
+    # not supported yet: answer "nothing stored" so such a model runs without L3 hits (its
+    # pages are recomputed) instead of failing in SGLang's threads.
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None
+    ) -> PoolTransferResult:
+        self._warn_v2()
+        return PoolTransferResult.empty()
+
+    def batch_get_v2(self, transfers: list[Any], extra_info: Any = None) -> dict[str, list[bool]]:
+        self._warn_v2()
+        return {t.name: [False] * len(t.keys or []) for t in transfers}
+
+    batch_set_v2 = batch_get_v2
+
+    def _warn_v2(self) -> None:
+        if not self._counters["v2_calls"]:
+            log.warning("hybrid-model pools (v2 storage calls) are not stored by kvgate yet")
+        self.count("v2_calls")
 
     # --- housekeeping -----------------------------------------------------------------------------------
     def flush(self, timeout: float = 30.0) -> None:
