@@ -14,6 +14,7 @@ from kvgate.cli import LazyGroup
 #: benchmark name -> "module:attribute" of its click command
 BENCHMARKS: dict[str, str] = {
     "engine": "kvgate.bench_engine:engine",
+    "tiers": "kvgate.bench_tiers:tiers",
 }
 
 

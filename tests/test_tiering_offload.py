@@ -7,6 +7,7 @@ The tiny random Llama runs everywhere; the same scenario on SmolLM2 is marked ``
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -52,14 +53,23 @@ def _offload(
     dsn: str | None, db: str | None, nas_dir: Path, obj_cfg: ObjectConfig | None, config
 ) -> TieredOffload:  # type: ignore[no-untyped-def]
     async def build() -> TieredStore:
+        res = contextlib.AsyncExitStack()
         nas = NasTier(NasConfig(nas_dir, fsync=False))
-        obj = await ObjectTier(obj_cfg).start() if obj_cfg else None
+        res.callback(nas.close)
+        obj = None
+        if obj_cfg:
+            obj = await ObjectTier(obj_cfg).start()
+            res.push_async_callback(obj.close)
         ledger = None
         if dsn:
-            ledger = Ledger(await create_pool(dsn, database=db, min_size=0, max_size=4))
+            pool = await create_pool(dsn, database=db, min_size=0, max_size=4)
+            res.push_async_callback(pool.close)
+            ledger = Ledger(pool)
         # a slow assumed prefill: these tests are about restoring, so every tier is worth it
         cost = CostModel(CostConfig(prior_prefill_tokens_per_s=50.0))
-        return TieredStore(HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost)
+        return TieredStore(
+            HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost, resources=res
+        )
 
     return TieredOffload(
         build, model_fingerprint="test-model", layout=_layout(config), fetch_timeout_s=30

@@ -1,0 +1,350 @@
+"""``kvgate bench tiers``: restore speed of each tier against its raw device, and the ledger.
+
+For each tier the same pages (SmolLM2-sized: 30 layers x K/V x 16 tokens x 3 heads x 64,
+fp16 = 360 KiB) are restored through the real path — a tiered-store fetch: ledger lookup,
+reads, checksum verification, and the copy into a destination buffer as the engine does —
+and read raw from the same device at the same concurrency: ``memcpy`` for host RAM, plain
+file reads for the NAS, plain GETs from the same S3 server for the object store. The
+ledger is timed on batched upserts and on 256-key prefix lookups. Postgres and S3 are the
+configured ones, else an embedded PostgreSQL and a SeaweedFS started for the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from kvgate.services.postgres import create_pool, database
+from kvgate.services.seaweed import S3Endpoint, ensure_bucket, seaweed_s3
+from kvgate.settings import Settings, load_settings
+from migrations import runner
+from tiering.codec import Block, encode_header, make_block
+from tiering.cost import CostConfig, CostModel
+from tiering.keys import Namespace
+from tiering.ledger import NAS, OBJECT, Entry, Ledger
+from tiering.store import TieredStore
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
+
+PAGE_SHAPE = (30, 2, 16, 3, 64)
+PAGE_TOKENS = 16
+TARGETS = {"host": 0.8, "nas": 0.7, "object": 0.7}
+UPSERTS_TARGET = 50_000
+LOOKUP_P99_TARGET_MS = 2.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to move: pages per chain, repetitions, ledger rows."""
+
+    pages: int
+    reps: int
+    ledger_rows: int
+    lookups: int
+    concurrency: int = 32
+
+
+QUICK = Plan(pages=64, reps=3, ledger_rows=50_000, lookups=200)
+FULL = Plan(pages=256, reps=7, ledger_rows=400_000, lookups=2000)
+
+
+def _chain(pages: int) -> tuple[Namespace, list[Block]]:
+    ns = Namespace("bench", f"bench-{uuid.uuid4().hex}", "float16", PAGE_TOKENS)
+    keys = ns.page_keys(np.arange(pages * PAGE_TOKENS) % 49152)
+    rng = np.random.default_rng(0)
+    blocks = [
+        make_block(
+            k, ns.digest, "float16", PAGE_SHAPE, rng.standard_normal(PAGE_SHAPE).astype(np.float16)
+        )
+        for k in keys
+    ]
+    return ns, blocks
+
+
+async def _best_gbps(n_bytes: int, reps: int, fn: Callable[[], Awaitable[Any]]) -> float:
+    """GB/s of the median of ``reps`` timed runs of ``fn`` (after one warm-up)."""
+    await fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        await fn()
+        times.append(time.perf_counter() - start)
+    return n_bytes / statistics.median(times) / 1e9
+
+
+def _into(dst: np.ndarray, blocks: list[Block]) -> None:
+    """Copy restored pages into the destination, as the engine copies them into its pool."""
+    for i, block in enumerate(blocks):
+        dst[i] = np.frombuffer(block.payload, dtype=np.uint8)
+
+
+async def _bench_tier(
+    tier: str, store: TieredStore, ns: Namespace, blocks: list[Block], raw: Callable[[], Awaitable[Any]],
+    plan: Plan,
+) -> dict[str, float]:  # fmt: skip
+    keys = [b.key for b in blocks]
+    page_bytes = blocks[0].nbytes
+    dst = np.empty((len(blocks), page_bytes), dtype=np.uint8)
+
+    async def restore() -> None:
+        if tier != "host":
+            store.host.clear()  # every run must come from the tier under test
+        got = await store.fetch(ns.digest, keys, PAGE_TOKENS, page_bytes=page_bytes)
+        if got.tiers != [tier] * len(keys):
+            raise click.ClickException(
+                f"{tier}: restored {len(got.tiers)} of {len(keys)} pages from {set(got.tiers)}"
+            )
+        _into(dst, got.blocks)
+
+    n = page_bytes * len(blocks)
+    restore_gbps = await _best_gbps(n, plan.reps, restore)
+    raw_gbps = await _best_gbps(n, plan.reps, raw)
+    return {"restore_gbps": restore_gbps, "raw_gbps": raw_gbps, "ratio": restore_gbps / raw_gbps}
+
+
+async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Every figure of one run."""
+    pool = await create_pool(pg_dsn, min_size=2, max_size=plan.concurrency)
+    conn = await pool.acquire()
+    await runner.migrate(conn)
+    await pool.release(conn)
+    ledger = Ledger(pool)
+    nas = NasTier(NasConfig(nas_dir, fsync=False, threads=8))
+    obj = await ObjectTier(s3).start()
+    # fetch whatever the tier: this run measures restore speed, not the fetch-or-recompute choice
+    cost = CostModel(
+        CostConfig(prior_prefill_tokens_per_s=1.0, deadline_s={t: 600.0 for t in TARGETS})
+    )
+    store = TieredStore(HostTier(8 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost)
+    out: dict[str, Any] = {}
+    try:
+
+        def entries(blocks: list[Block]) -> list[Entry]:
+            return [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks]
+
+        say("host: memcpy vs fetch from RAM")
+        ns, blocks = _chain(plan.pages)
+        await store.host.put_many(blocks)
+        src = np.stack([np.frombuffer(b.payload, dtype=np.uint8) for b in blocks])
+        dst = np.empty_like(src)
+
+        async def memcpy() -> None:
+            for i in range(len(src)):
+                dst[i] = src[i]
+
+        out["host"] = await _bench_tier("host", store, ns, blocks, memcpy, plan)
+
+        say("nas: plain file reads vs verified fetch")
+        ns, blocks = _chain(plan.pages)
+        await nas.put_many(blocks)
+        await ledger.record(entries(blocks), NAS)
+        paths = [nas.path(b.key) for b in blocks]
+        readers = ThreadPoolExecutor(8)
+        loop = asyncio.get_running_loop()
+
+        def read(path: Path) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        async def file_reads() -> None:
+            await asyncio.gather(*(loop.run_in_executor(readers, read, p) for p in paths))
+
+        out["nas"] = await _bench_tier("nas", store, ns, blocks, file_reads, plan)
+        readers.shutdown()
+
+        say("object: plain GETs vs verified fetch")
+        ns, blocks = _chain(plan.pages)
+        await obj.put_many(blocks)
+        await ledger.record(entries(blocks), OBJECT)
+        sem = asyncio.Semaphore(s3.max_concurrency)
+
+        async def get(key: bytes) -> bytes:
+            async with sem:
+                resp = await obj._client.get_object(Bucket=s3.bucket, Key=obj.object_name(key))
+                async with resp["Body"] as body:
+                    return await body.read()
+
+        async def plain_gets() -> None:
+            await asyncio.gather(*(get(b.key) for b in blocks))
+
+        out["object"] = await _bench_tier("object", store, ns, blocks, plain_gets, plan)
+        await obj.delete_many([b.key for b in blocks])
+
+        say("ledger: batched upserts and 256-key prefix lookups")
+        out["ledger"] = await _bench_ledger(ledger, plan)
+    finally:
+        await store.close(drain=False)
+        await obj.close()
+        nas.close()
+        await pool.close()
+    return out
+
+
+async def _bench_ledger(ledger: Ledger, plan: Plan) -> dict[str, float]:
+    ns = Namespace("bench", f"ledger-{uuid.uuid4().hex}", "float16", PAGE_TOKENS)
+    rng = np.random.default_rng(1)
+    keys = [bytes(k) for k in rng.integers(0, 256, (plan.ledger_rows, 32), dtype=np.uint8)]
+    batch = 4096
+    batches = [
+        [Entry(ns.digest, k, 368_768) for k in keys[i : i + batch]]
+        for i in range(0, len(keys), batch)
+    ]
+    # writers run side by side like the workers of a node (disjoint pages, as in production)
+    sem = asyncio.Semaphore(4)
+
+    async def upsert(b: list[Entry]) -> None:
+        async with sem:
+            await ledger.record(b, NAS)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(upsert(b) for b in batches))
+    upserts_per_s = len(keys) / (time.perf_counter() - start)
+
+    chain = ns.page_keys(np.arange(256 * PAGE_TOKENS))
+    await ledger.record([Entry(ns.digest, k, 368_768) for k in chain], NAS)
+    lat = []
+    for _ in range(plan.lookups):
+        start = time.perf_counter()
+        found = await ledger.prefix(ns.digest, chain)
+        lat.append((time.perf_counter() - start) * 1e3)
+    if len(found) != 256:
+        raise click.ClickException(f"ledger lookup found {len(found)} of 256 pages")
+    lat.sort()
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    await ledger.drop(keys + chain, NAS)
+    return {
+        "upserts_per_s": upserts_per_s,
+        "lookup_p99_ms": p99,
+        "lookup_p50_ms": lat[len(lat) // 2],
+    }
+
+
+def verdicts(figures: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """(target, met, figures) for every target of the tiering issue."""
+    out = [
+        (f"{t} restore >= {r:g} x raw", figures[t]["ratio"] >= r,
+         f"{figures[t]['restore_gbps']:.2f} / {figures[t]['raw_gbps']:.2f} GB/s = {figures[t]['ratio']:.2f}")
+        for t, r in TARGETS.items()
+    ]  # fmt: skip
+    led = figures["ledger"]
+    out.append(
+        (
+            f"ledger >= {UPSERTS_TARGET:,} upserts/s",
+            led["upserts_per_s"] >= UPSERTS_TARGET,
+            f"{led['upserts_per_s']:,.0f}/s",
+        )
+    )
+    out.append((f"256-key lookup p99 <= {LOOKUP_P99_TARGET_MS:g} ms", led["lookup_p99_ms"] <= LOOKUP_P99_TARGET_MS, f"{led['lookup_p99_ms']:.2f} ms"))  # fmt: skip
+    return out
+
+
+def render(figures: dict[str, Any], plan: Plan) -> str:
+    """The Markdown report."""
+    lines = [
+        "# Tier restore speed and ledger throughput",
+        "",
+        f"Measured by `kvgate bench tiers` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{platform.machine()} with {os.cpu_count()} logical CPUs; {plan.pages} pages of "
+        f"{int(np.prod(PAGE_SHAPE)) * 2 // 1024} KiB per tier, median of {plan.reps} runs.",
+        "",
+        "Restore = the tiered store's fetch (ledger lookup, read, checksum, copy out); raw = the "
+        "same bytes from the same device at the same concurrency (memcpy; plain file reads; "
+        "plain S3 GETs). The NAS here is a local directory, hot in the page cache.",
+        "",
+        "| tier | restore GB/s | raw GB/s | ratio |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {t} | {figures[t]['restore_gbps']:.2f} | {figures[t]['raw_gbps']:.2f} | {figures[t]['ratio']:.2f} |"
+            for t in TARGETS
+        ),
+        "",
+        f"Ledger: {figures['ledger']['upserts_per_s']:,.0f} upserts/s (batches of 4096, 4 writers); "
+        f"256-key prefix lookup p50 {figures['ledger']['lookup_p50_ms']:.2f} ms, "
+        f"p99 {figures['ledger']['lookup_p99_ms']:.2f} ms.",
+        "",
+        "| target | met | figures |",
+        "|---|---|---|",
+        *(f"| {t} | {'yes' if m else 'NO'} | {d} |" for t, m, d in verdicts(figures)),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _backends(settings: Settings, scratch: Path) -> Iterator[tuple[str, ObjectConfig]]:
+    """The configured Postgres and S3, or local ones started for this run."""
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    with database(url, scratch / "pg") as dsn, contextlib.ExitStack() as stack:
+        if settings.s3_endpoint:
+            endpoint = S3Endpoint(
+                settings.s3_endpoint,
+                settings.s3_access_key.get_secret_value(),
+                settings.s3_secret_key.get_secret_value(),
+                settings.s3_region,
+            )
+            ensure_bucket(endpoint, settings.s3_bucket)
+        else:
+            endpoint, _ = stack.enter_context(seaweed_s3(scratch / "s3", bucket=settings.s3_bucket))
+        yield (
+            dsn,
+            ObjectConfig(
+                endpoint_url=endpoint.url,
+                bucket=settings.s3_bucket,
+                prefix=f"bench-{uuid.uuid4().hex[:8]}/",
+                access_key=endpoint.access_key,
+                secret_key=endpoint.secret_key,
+                region=endpoint.region,
+                max_concurrency=32,
+            ),
+        )
+
+
+@click.command()
+@click.option(
+    "--quick", is_flag=True, help="64 pages per tier, fewer repetitions (under a minute)."
+)
+@click.option(
+    "--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON."
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), default=None,
+    help="Markdown report path; default docs/benchmarks/tiers.md on a full run, none with --quick.",
+)  # fmt: skip
+def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
+    """Restore GB/s of host RAM, NAS and S3 vs their raw devices; ledger upserts/s and lookup p99."""
+    plan = QUICK if quick else FULL
+    settings = load_settings()
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-tiers-") as tmp:
+        scratch = Path(tmp)
+        with _backends(settings, scratch) as (dsn, s3):
+            nas_dir = scratch / "nas"
+            figures = asyncio.run(
+                measure(dsn, s3, nas_dir, plan, lambda m: click.echo(m, err=True))
+            )
+    report = render(figures, plan)
+    click.echo(report)
+    if out is None and not quick:
+        out = Path("docs/benchmarks/tiers.md")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        click.echo(f"wrote {out}", err=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(figures, indent=2))
+        click.echo(f"wrote {json_path}", err=True)
