@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "up": "kvgate.cmd_up:up",
     "admin": "kvgate.cmd_admin:admin",
     "gateway": "kvgate.cmd_gateway:gateway",
+    "billing": "kvgate.cmd_billing:billing",
 }
 
 

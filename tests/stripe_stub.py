@@ -16,7 +16,6 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -190,8 +189,3 @@ class RecordingStripe(stripe.HTTPClient):
     def calls(self, path: str) -> list[Recorded]:
         """Requests made to ``path``, in order."""
         return [r for r in self.requests if r.path == path]
-
-
-def day_of(timestamp: int) -> str:
-    """The UTC date of a Unix time, ISO formatted."""
-    return datetime.fromtimestamp(timestamp, UTC).date().isoformat()

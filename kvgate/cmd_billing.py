@@ -1,0 +1,108 @@
+"""``kvgate billing``: send metered usage to Stripe, and check Stripe against our totals.
+
+``report`` is meant to run periodically (cron, a Kubernetes CronJob): it sends every
+closed day's usage not yet acknowledged (under stable identifiers, so overlapping or
+repeated runs never bill twice) and ends grace periods that ran out. ``reconcile`` reads
+Stripe's meter summaries back and lists every day on which they differ from ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+import click
+import stripe
+
+from gateway.billing import meters, subscriptions
+from gateway.billing.client import BillingDisabled, stripe_client
+from gateway.billing.reconcile import Reconciliation, reconcile
+from kvgate.accounts_config import billing_config
+from kvgate.database import settings_database
+from kvgate.settings import load_settings
+from migrations import runner
+
+T = TypeVar("T")
+
+
+def _run(
+    ctx: click.Context, work: Callable[[asyncpg.Connection, stripe.StripeClient], Awaitable[T]]
+) -> T:
+    """Run ``work`` with a connection to the configured database and a Stripe client.
+
+    ``ctx.obj["stripe_http_client"]`` replaces stripe-python's transport (tests put a
+    recording stub there); normally it is absent.
+    """
+    settings = load_settings()
+    config = billing_config(settings)
+    http_client = (ctx.obj or {}).get("stripe_http_client")
+
+    async def run(dsn: str) -> T:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await runner.migrate(conn)
+            return await work(conn, stripe_client(config, http_client))
+        finally:
+            await conn.close()
+
+    with settings_database(settings) as dsn:
+        try:
+            return asyncio.run(run(dsn))
+        except BillingDisabled as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group()
+def billing() -> None:
+    """Stripe metered usage: report it, reconcile it."""
+
+
+@billing.command("report")
+@click.pass_context
+def report_cmd(ctx: click.Context) -> None:
+    """Send closed days' token usage to Stripe Billing Meters; end expired grace periods."""
+
+    async def work(conn: asyncpg.Connection, client: stripe.StripeClient) -> Any:
+        result = await meters.report(conn, client, datetime.now(UTC))
+        lapsed = await subscriptions.expire_grace(conn)
+        return result, lapsed
+
+    result, lapsed = _run(ctx, work)
+    click.echo(
+        f"sent {len(result.sent)} meter events, {result.already} already reported, "
+        f"{len(result.failed)} failed; {len(lapsed)} teams dropped to free after grace"
+    )
+    for identifier, error in result.failed.items():
+        click.echo(f"  not sent: {identifier}: {error}", err=True)
+    if result.failed:
+        raise click.ClickException("some usage was not reported; run again to retry it")
+
+
+@billing.command("reconcile")
+@click.option(
+    "--days", default=meters.MAX_AGE_DAYS, show_default=True, help="Closed days to check."
+)
+@click.pass_context
+def reconcile_cmd(ctx: click.Context, days: int) -> None:
+    """Compare local usage totals with Stripe's meters; list every difference."""
+    config = billing_config(load_settings())
+
+    async def work(conn: asyncpg.Connection, client: stripe.StripeClient) -> Reconciliation:
+        return await reconcile(conn, client, config, datetime.now(UTC), days)
+
+    outcome = _run(ctx, work)
+    click.echo(
+        f"compared {outcome.compared} (team, meter, day) totals from {outcome.since} to "
+        f"{outcome.through}: {len(outcome.differences)} differences"
+    )
+    if outcome.differences:
+        click.echo("team\tcustomer\tmeter\tday\tlocal\tstripe\tdifference")
+        for d in outcome.differences:
+            click.echo(
+                f"{d.team_id}\t{d.customer_id}\t{d.meter}\t{d.day}\t{d.local}\t{d.stripe}\t"
+                f"{d.local - d.stripe:+d}"
+            )
+        raise SystemExit(1)
