@@ -25,7 +25,7 @@ from kvgate.serving import LoadedModel, WorkerOptions, load_model, running_engin
 from kvgate.settings import load_settings
 from workers.context import ServerConfig
 from workers.engine.engine import TorchEngine
-from workers.engine.offload import NoOffload
+from workers.engine.tiered_offload import TieredOffload
 from workers.server import create_app
 
 #: Seconds running requests get to finish after SIGTERM before the server closes them.
@@ -99,10 +99,12 @@ def _serve(
         "page_size": options.engine.page_size,
         "max_batch": options.engine.max_batch,
         "token_budget": options.engine.token_budget,
-        "tiers": not isinstance(engine.offload, NoOffload),
+        "tiers": isinstance(engine.offload, TieredOffload),
     }
-    app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(server_info=info))
-    config = uvicorn.Config(
+    tier_stats = engine.offload.stats if isinstance(engine.offload, TieredOffload) else None
+    config = ServerConfig(server_info=info, tier_stats=tier_stats)
+    app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
+    server = uvicorn.Config(
         app, host=host, port=port, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info"
     )
-    asyncio.run(_Server(config, loaded.model_id).serve())
+    asyncio.run(_Server(server, loaded.model_id).serve())

@@ -9,6 +9,8 @@ import httpx
 
 from kvgate.serving import load_model, running_engine, worker_options
 from kvgate.settings import load_settings
+from workers.context import ServerConfig
+from workers.engine.tiered_offload import TieredOffload
 from workers.server import create_app
 
 PAGE = 16
@@ -26,7 +28,9 @@ async def test_evicted_prefix_is_served_from_the_host_tier(
     )
     loaded = load_model(options)
     with running_engine(loaded, options, settings) as engine:
-        app = create_app(engine, loaded.tokenizer, loaded.chat_template)
+        assert isinstance(engine.offload, TieredOffload)
+        config = ServerConfig(tier_stats=engine.offload.stats)
+        app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
 
             async def complete(prompt: list[int]) -> dict:
@@ -39,7 +43,15 @@ async def test_evicted_prefix_is_served_from_the_host_tier(
             for i in range(4):  # other conversations push the first one out of the pool
                 await complete(list(range(5000 + 200 * i, 5200 + 200 * i)))
             again = await complete(list(range(3000, 3200)))
+            metrics = (await c.get("/metrics")).text
     tiers = again["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
     assert tiers["host"] > 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == sum(tiers.values())
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    host_hits = next(
+        line
+        for line in metrics.splitlines()
+        if line.startswith('kvgate_worker_tier_hits_total{tier="host"}')
+    )
+    assert float(host_hits.split()[-1]) * PAGE >= tiers["host"]
+    assert "kvgate_worker_tier_write_queue_pages" in metrics

@@ -88,7 +88,9 @@ def admin_routes(ctx: WorkerContext) -> list[Route]:
         )
 
     async def metrics(request: Request) -> Response:
-        return Response(ctx.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        # Reading the tier counters waits on the tier thread: keep it off the event loop.
+        body = await anyio.to_thread.run_sync(ctx.metrics.exposition)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def abort_request(request: Request) -> Response:
         body = parse_body(AbortRequest, await request.body())

@@ -17,6 +17,7 @@ from protocol.openai_requests import RequestError
 from workers.engine.api import Engine, GenerateRequest, SamplingParams, TokenEvent
 from workers.generation import Detokenizer, TextDelta, generate_text
 from workers.metrics import ServerMetrics
+from workers.tier_metrics import TierStatsSource
 
 
 class TextTokenizer(Protocol):
@@ -45,6 +46,8 @@ class ServerConfig:
     server_info: Mapping[str, Any] = field(default_factory=dict)
     #: Seconds GET /health_generate waits for its one-token generation.
     health_timeout_s: float = 30.0
+    #: Snapshot of the KV tier ladder's counters for /metrics (e.g. ``TieredOffload.stats``).
+    tier_stats: TierStatsSource | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from workers.engine.api import TIERS, Engine, TokenEvent
+from workers.tier_metrics import TierCollector, TierStatsSource
 
 #: Seconds of history behind the tokens/s gauges.
 RATE_WINDOW_S = 10.0
@@ -47,7 +48,7 @@ class RateMeter:
 class ServerMetrics:
     """Everything GET /metrics exposes for one worker."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, tier_stats: TierStatsSource | None = None) -> None:
         self.registry = CollectorRegistry()
         self.prefill_rate = RateMeter()
         self.decode_rate = RateMeter()
@@ -77,6 +78,8 @@ class ServerMetrics:
         for tier in TIERS:
             self._cached_tokens.labels(tier=tier)
         self.registry.register(_EngineCollector(engine, self))
+        if tier_stats is not None:
+            self.registry.register(TierCollector(tier_stats))
 
     def record(self, event: TokenEvent, *, first: bool) -> None:
         """Account one engine event; ``first`` marks a request's first event (prefill done)."""

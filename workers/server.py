@@ -28,12 +28,13 @@ def create_app(
     config: ServerConfig | None = None,
 ) -> Starlette:
     """An ASGI app serving ``engine``; its metrics registry is its own."""
+    config = config or ServerConfig()
     ctx = WorkerContext(
         engine=engine,
         tokenizer=tokenizer,
         chat_template=chat_template,
-        config=config or ServerConfig(),
-        metrics=ServerMetrics(engine),
+        config=config,
+        metrics=ServerMetrics(engine, config.tier_stats),
     )
     return Starlette(
         routes=[*openai_routes(ctx), *native_routes(ctx), *admin_routes(ctx)],
