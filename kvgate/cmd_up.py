@@ -23,6 +23,8 @@ def up() -> None:
                   KVGATE_S3_BUCKET either way
       nas         creates KVGATE_NAS_PATH (default $KVGATE_HOME/nas), checks it is
                   a writable directory
+      tierd       `kvgate tierd`: keeps the NAS and the object store within their
+                  limits; ready when it logs its `tierd: ...` line
       worker      `kvgate worker` (built-in engine, KVGATE_WORKER_MODEL, default
                   SmolLM2-135M-Instruct fetched once) on KVGATE_WORKER_PORT, ready
                   when GET /health answers
@@ -30,8 +32,8 @@ def up() -> None:
                   under /v1), ready when GET /readyz answers
 
     \b
-    Each part is waited for by probing it (a query, an S3 call, an HTTP health check)
-    for at most KVGATE_READY_TIMEOUT seconds, then one line is printed:
+    Each part is waited for by probing it (a query, an S3 call, an HTTP health check,
+    a line in its log) for at most KVGATE_READY_TIMEOUT seconds, then one line is printed:
       ready  <part>  <address>
     Child processes log to $KVGATE_HOME/logs/<part>.log and receive DATABASE_URL,
     KVGATE_S3_ENDPOINT, KVGATE_S3_ACCESS_KEY, KVGATE_S3_SECRET_KEY, KVGATE_S3_REGION,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -21,7 +21,7 @@ from kvgate.services.postgres import embedded_postgres
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
 from kvgate.settings import Settings, mask_url_password
 from kvgate.stack import Part, PartError, Ready
-from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
+from kvgate.stack_process import Probe, ProcessPart, http_probe, kvgate_argv, log_line_probe
 from migrations import runner
 
 
@@ -34,9 +34,10 @@ def stack_parts(settings: Settings) -> list[Part]:
         MigrationsPart(),
         s3_part(settings),
         NasPart(settings.nas_dir.absolute()),
-        # --- services: one line each, added with the command that runs it -------------------
+        # --- services: one line each ------------------------------------------------------
         # The worker comes before the gateway so that the gateway stops taking requests
-        # before the worker drains. Still to come: tierd (`kvgate tierd`), one line here.
+        # before the worker drains.
+        logging_service(settings, "tierd", kvgate_argv("tierd"), r"^tierd: .*$"),
         http_service(settings, "worker", kvgate_argv("worker"), settings.worker_port, "/health"),
         http_service(settings, "gateway", kvgate_argv("gateway"), settings.gateway_port, "/readyz"),
     ]
@@ -45,18 +46,30 @@ def stack_parts(settings: Settings) -> list[Part]:
 def http_service(
     settings: Settings, name: str, argv: Sequence[str], port: int, health_path: str
 ) -> ProcessPart:
-    """A child serving HTTP on ``settings.bind_host:port``, ready when ``health_path`` answers 2xx.
-
-    Its output goes to ``$KVGATE_HOME/logs/<name>.log``; it gets ``KVGATE_HOME`` (absolute)
-    besides the exports of the parts before it.
-    """
-    home = settings.home.absolute()
+    """A child serving HTTP on ``settings.bind_host:port``, ready when ``health_path`` answers 2xx."""
     base = f"http://{settings.bind_host}:{port}"
+    return _service(settings, name, argv, lambda _log: http_probe(base + health_path, Ready(base)))
+
+
+def logging_service(
+    settings: Settings, name: str, argv: Sequence[str], ready_line: str
+) -> ProcessPart:
+    """A child without HTTP, ready once it logs a line matching ``ready_line`` (a regex)."""
+    return _service(settings, name, argv, lambda log: log_line_probe(log, ready_line))
+
+
+def _service(
+    settings: Settings, name: str, argv: Sequence[str], make_probe: Callable[[Path], Probe]
+) -> ProcessPart:
+    """A child logging to ``$KVGATE_HOME/logs/<name>.log``, with ``KVGATE_HOME`` (absolute)
+    in its environment besides the exports of the parts before it."""
+    home = settings.home.absolute()
+    log_path = home / "logs" / f"{name}.log"
     return ProcessPart(
         name,
         argv,
-        probe=http_probe(base + health_path, Ready(base)),
-        log_path=home / "logs" / f"{name}.log",
+        probe=make_probe(log_path),
+        log_path=log_path,
         env={"KVGATE_HOME": str(home)},
         stop_timeout=settings.stop_timeout,
     )

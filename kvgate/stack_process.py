@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,21 @@ def http_probe(url: str, ready: Ready) -> Probe:
     def probe() -> Ready | None:
         response = httpx.get(url, timeout=2.0)
         return ready if response.is_success else None
+
+    return probe
+
+
+def log_line_probe(log_path: Path, pattern: str) -> Probe:
+    """A probe for services without HTTP: ready once ``log_path`` gains a line matching
+    ``pattern`` (a regex) after this probe was made; the line is the reported address."""
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    regex = re.compile(pattern, re.MULTILINE)
+
+    def probe() -> Ready | None:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            match = regex.search(log.read().decode(errors="replace"))
+        return Ready(match.group(0).strip()) if match else None
 
     return probe
 

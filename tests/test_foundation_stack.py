@@ -14,7 +14,7 @@ import pytest
 from kvgate.services.ports import free_port
 from kvgate.settings import Settings
 from kvgate.stack import PartError, Ready, Stack, StackFailure, StopRequested
-from kvgate.stack_parts import NasPart, http_service
+from kvgate.stack_parts import NasPart, http_service, logging_service
 from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
 
 
@@ -49,6 +49,25 @@ def test_parts_start_in_order_report_addresses_and_stop_in_reverse(tmp_path: Pat
     assert web.pid is not None and not psutil.pid_exists(web.pid)
     log = (tmp_path / "home" / "logs" / "web.log").read_text()
     assert "kvgate up starts" in log and "GET / HTTP" in log
+
+
+def test_service_without_http_is_ready_at_its_log_line_of_this_run(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    log = settings.home / "logs" / "daemon.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("daemon: ready from an earlier run\n")  # must not count
+    script = (
+        "import sys, time; print('warming up'); time.sleep(0.3); "
+        "print('daemon: serving 3 shards'); time.sleep(60)"
+    )
+    part = logging_service(settings, "daemon", [sys.executable, "-c", script], r"^daemon: .*$")
+    lines: list[str] = []
+    stack = Stack([part], ready_timeout=30, echo=lines.append)
+    try:
+        stack.start()
+    finally:
+        stack.stop()
+    assert lines == ["ready  daemon  daemon: serving 3 shards", "stopped  daemon"]
 
 
 def test_child_gets_exports_of_earlier_parts_and_kvgate_home(tmp_path: Path) -> None:

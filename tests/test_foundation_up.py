@@ -106,6 +106,7 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
         lines.wait_for(r"^ready  migrations  ", STARTUP_DEADLINE_S)
         lines.wait_for(r"^ready  s3  http://127\.0\.0\.1:\d+ bucket=kvgate$", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  nas  {re.escape(str(home / 'nas'))}$", STARTUP_DEADLINE_S)
+        lines.wait_for(r"^ready  tierd  tierd: NAS ", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  worker  http://127\.0\.0\.1:{worker_port}$", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  gateway  http://127\.0\.0\.1:{port}$", STARTUP_DEADLINE_S)
         lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
@@ -132,6 +133,7 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
     assert [ln for ln in lines.seen if ln.startswith("stopped")] == [
         "stopped  gateway",
         "stopped  worker",
+        "stopped  tierd",
         "stopped  nas",
         "stopped  s3",
         "stopped  migrations",
