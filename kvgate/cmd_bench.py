@@ -15,6 +15,7 @@ from kvgate.cli import LazyGroup
 BENCHMARKS: dict[str, str] = {
     "engine": "kvgate.bench_engine:engine",
     "tiers": "kvgate.bench_tiers:tiers",
+    "gateway": "kvgate.bench_gateway:bench_gateway",
 }
 
 
