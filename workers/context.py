@@ -25,8 +25,9 @@ class TextTokenizer(Protocol):
 
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special-token markup such as ``<|im_start|>`` parsed)."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (markup such as ``<|im_start|>`` parsed); ``add_special_tokens``
+        adds the BOS a model wants at the start of a raw prompt."""
         ...
 
     def detokenizer(self) -> Detokenizer:

@@ -40,7 +40,8 @@ def openai_routes(ctx: WorkerContext) -> list[Route]:
             raise RequestError(
                 f"the chat template rejected the messages: {exc}", param="messages"
             ) from None
-        ids = ctx.tokenizer.encode(prompt)
+        # The template already wrote any BOS the model wants; do not add a second one.
+        ids = ctx.tokenizer.encode(prompt, add_special_tokens=False)
         return await _complete(
             ctx, request, body, ids, body.requested_max_tokens(), _CHAT, "messages"
         )
@@ -123,6 +124,8 @@ class _Shape:
         self.id = response_id
         self.model = model
         self.created = int(time.time())
+        #: the ``object`` of streamed chunks
+        self.chunk_object = "chat.completion.chunk" if kind == _CHAT else _TEXT
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -149,12 +152,10 @@ class _Shape:
             if text:
                 delta["content"] = text
             choice = {"delta": delta}
-            obj = "chat.completion.chunk"
         else:
             choice = {"text": text or ""}
-            obj = _TEXT
         choice |= {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope(obj, [choice])
+        return self._envelope(self.chunk_object, [choice])
 
     async def stream(
         self, deltas: AsyncIterator[TextDelta], include_usage: bool
@@ -168,6 +169,6 @@ class _Shape:
                 if delta.text or delta.finish_reason:
                     yield sse(self.chunk(delta.text, delta.finish_reason) | usage_field)
                 if delta.finish_reason and include_usage:
-                    obj = "chat.completion.chunk" if self.kind == _CHAT else _TEXT
-                    yield sse(self._envelope(obj, []) | {"usage": delta.usage.openai()})
+                    usage = {"usage": delta.usage.openai()}
+                    yield sse(self._envelope(self.chunk_object, []) | usage)
         yield DONE
