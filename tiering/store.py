@@ -233,10 +233,13 @@ class TieredStore:
         plan = self._worth_fetching(await self.lookup(namespace, keys), tokens_per_page, page_bytes)
         if not plan:
             return Fetched([], [])
+        got: list[Block | None] = [None] * len(plan)
         runs: dict[str, list[int]] = {}
         for i, tier in enumerate(plan):
-            runs.setdefault(tier, []).append(i)
-        got: list[Block | None] = [None] * len(plan)
+            if tier == "host":  # RAM needs neither a task nor a deadline
+                got[i] = self.host.get_now(keys[i])
+            else:
+                runs.setdefault(tier, []).append(i)
         results = await asyncio.gather(
             *(
                 self._read_tier(t, [keys[i] for i in idx], tokens_per_page)
@@ -249,7 +252,7 @@ class TieredStore:
             for i, block in zip(idx, blocks, strict=True):
                 got[i] = block
             missing = [keys[i] for i, b in zip(idx, blocks, strict=True) if b is None]
-            if missing and tier != "host":
+            if missing:
                 await self._repair(tier, missing)
         out = Fetched([], [])
         for tier, block in zip(plan, got, strict=True):
