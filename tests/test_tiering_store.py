@@ -155,3 +155,22 @@ async def test_prefetch_pulls_pages_into_host_ram(parts) -> None:
         await task
     assert store.host.prefix_now(keys) == 5
     await store.close()
+
+
+async def test_fetch_overrunning_its_deadline_is_abandoned_and_counted(parts) -> None:
+    nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 4, elems=1 << 20)  # 2 MiB pages: no read finishes in a microsecond
+    await nas.put_many(blocks)
+    await ledger.record(_entries(blocks), NAS)
+    impatient = CostModel(CostConfig(deadline_s={"host": 1.0, "nas": 1e-6, "object": 1e-6}))
+    store = TieredStore(HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger, cost=impatient)
+    await store.start()
+    store.host.put_now(blocks[0])
+    got = await store.fetch(ns.digest, [b.key for b in blocks], PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["host"]  # the rest is left to recompute
+    assert store.failures.count("nas", "deadline") == 1
+    assert await ledger.held([b.key for b in blocks], NAS) == {
+        b.key for b in blocks
+    }  # not "repaired"
+    await store.close()

@@ -262,8 +262,8 @@ class TieredStore:
             out.tiers.append(tier)
             if tier != "host":
                 self.host.put_now(block)  # promotion: the next turn finds it in RAM
-        for tier in out.tiers:
-            self.counters[f"hit_{tier}"] += 1
+        for tier, n in Counter(out.tiers).items():
+            self.counters[f"hit_{tier}"] += n
         self.counters["miss"] += len(keys) - len(out.blocks)
         if self.ledger is not None:
             self.ledger.touch(b.key for b in out.blocks)
@@ -271,6 +271,8 @@ class TieredStore:
 
     def _worth_fetching(self, plan: list[str], tokens_per_page: int, page_bytes: int) -> list[str]:
         """Cut ``plan`` before the first tier whose remaining run does not beat recompute."""
+        if plan.count("host") == len(plan):
+            return plan  # RAM always beats recompute
         i = 0
         while i < len(plan):
             tier = plan[i]
