@@ -14,6 +14,7 @@ from kvgate.cli import LazyGroup
 #: benchmark name -> "module:attribute" of its click command
 BENCHMARKS: dict[str, str] = {
     "engine": "kvgate.bench_engine:engine",
+    "multiturn": "kvgate.bench_multiturn:multiturn",
     "tiers": "kvgate.bench_tiers:tiers",
     "gateway": "kvgate.bench_gateway:bench_gateway",
 }

@@ -1,0 +1,239 @@
+"""``--compare``: the identical workload on the built-in worker under each tier ladder.
+
+Configurations (each on a fresh database, NAS directory and S3 prefix):
+
+- ``recompute``: L1 only; evicted pages are dropped, every returning turn is prefilled again;
+- ``host``: L1 + L2 (host RAM large enough for the whole working set);
+- ``nas``: L1 + L2 + L3, L2 as small as L1;
+- ``object``: L1 + L2 + L3 + L4, L2 as small as L1 and tierd keeping the NAS small, so
+  most returning pages come back from the object store;
+- ``gateway_shared``: the gateway in front of two workers sharing the NAS and the object
+  store, each turn's session key chosen so that the gateway's ring sends it to the other
+  worker than the previous turn: every follow-up must resume from the shared tiers.
+
+Then the no-reuse workload (first turns of fresh conversations only) on ``recompute`` and
+``object``, the price of tiering when it cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import click
+
+from gateway.router import Router
+from kvgate import bench_mt_stack as stack
+from kvgate.bench_mt_driver import Plan, Result, Target, run
+from kvgate.bench_mt_metrics import Summary, summarize
+from kvgate.bench_mt_workload import Conversation, Shape, conversations
+from kvgate.models import DEFAULT_MODEL
+from kvgate.settings import load_settings
+from protocol.fields import SESSION_HEADER
+from protocol.registry import WorkerInfo
+
+CONFIGS: tuple[str, ...] = ("recompute", "host", "nas", "object", "gateway_shared")
+#: host RAM for the ``host`` configuration: room for any working set this benchmark makes
+HOST_ALL_BYTES = 8 << 30
+GATEWAY_WORKERS = ("bench-a", "bench-b")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Sizes of one comparison run (tokens are converted to bytes with the model's KV size)."""
+
+    conversations: int
+    active: int
+    clients: int
+    warmup: int
+    max_requests: int
+    #: device KV pool (L1) of every worker
+    l1_tokens: int
+    #: host RAM (L2) of ``nas``/``object``/``gateway_shared`` workers
+    small_l2_tokens: int
+    #: tierd's NAS high watermark in ``object`` (low is half of it)
+    small_nas_tokens: int
+    restore_lengths: tuple[int, ...]
+    no_reuse_requests: int
+    seed: int = 0
+    shape: Shape = field(default_factory=Shape)
+
+
+QUICK = Spec(
+    conversations=12, active=12, clients=8, warmup=12, max_requests=24,
+    l1_tokens=6144, small_l2_tokens=1024, small_nas_tokens=4096,
+    restore_lengths=(4000,), no_reuse_requests=8,
+)  # fmt: skip
+FULL = Spec(
+    conversations=64, active=32, clients=8, warmup=32, max_requests=0,
+    l1_tokens=12288, small_l2_tokens=2048, small_nas_tokens=8192,
+    restore_lengths=(1000, 4000, 7000), no_reuse_requests=24,
+)  # fmt: skip
+
+
+@dataclass
+class ConfigRun:
+    """One configuration's results."""
+
+    name: str
+    summary: Summary
+    results: list[Result]
+    seconds: float
+
+
+class Compare:
+    """Runs the comparison on :class:`stack.Services`; ``kv_bytes`` is the model's KV per token."""
+
+    def __init__(self, svc: stack.Services, spec: Spec, kv_bytes: int, log_dir: Path) -> None:
+        self.svc = svc
+        self.spec = spec
+        self.kv_bytes = kv_bytes
+        self.log_dir = log_dir
+        self.workload = conversations(spec.conversations, spec.shape, spec.seed)
+        fresh = conversations(spec.no_reuse_requests, spec.shape, spec.seed + 1)
+        self.no_reuse = [replace(c, turns=c.turns[:1]) for c in fresh]
+
+    def working_set_tokens(self) -> int:
+        """Tokens of KV the played histories add up to (answers at their asked length).
+
+        The turns reached are those of the round-robin order with ``max_requests`` applied;
+        this is the KV that would have to stay resident for no turn to recompute.
+        """
+        s = self.spec
+        pending = deque(self.workload)
+        ready = deque(pending.popleft() for _ in range(min(s.active, len(pending))))
+        reached: dict[str, int] = {}
+        issued = 0
+        while ready and (not s.max_requests or issued < s.max_requests):
+            conv = ready.popleft()
+            reached[conv.cid] = reached.get(conv.cid, 0) + 1
+            issued += 1
+            if reached[conv.cid] < len(conv.turns):
+                ready.append(conv)
+            elif pending:
+                ready.append(pending.popleft())
+        total = 0
+        for conv in self.workload:
+            turns = conv.turns[: reached.get(conv.cid, 0)]
+            if turns:
+                total += len(conv.system.split())
+                total += sum(len(t.user.split()) + t.answer_tokens for t in turns)
+        return total
+
+    def site(self, name: str, **settings: object) -> stack.Site:
+        """A fresh site whose workers have the run's L1 pool."""
+        return stack.new_site(
+            self.svc, name, worker_kv_pool_bytes=self.spec.l1_tokens * self.kv_bytes, **settings
+        )
+
+    def plan(self, *, no_reuse: bool = False) -> Plan:
+        s = self.spec
+        if no_reuse:
+            return Plan(clients=s.clients, active=s.clients + 1, warmup=0)
+        return Plan(s.clients, s.active, s.warmup, s.max_requests)
+
+    def run_all(self, only: tuple[str, ...] = CONFIGS) -> tuple[dict[str, ConfigRun], dict]:
+        """Every configuration in ``only``, then the no-reuse pair; (runs, no-reuse figures)."""
+        runs: dict[str, ConfigRun] = {}
+        no_reuse: dict[str, Summary] = {}
+        for name in only:
+            click.echo(f"--- {name}", err=True)
+            with self._serving(name) as (target, headers_for):
+                runs[name] = self._play(name, target, self.workload, self.plan(), headers_for)
+                if name in ("recompute", "object"):
+                    label = "off" if name == "recompute" else "on"
+                    played = self._play(
+                        f"no-reuse {label}", target, self.no_reuse, self.plan(no_reuse=True)
+                    )
+                    no_reuse[label] = played.summary
+            s = runs[name].summary
+            click.echo(
+                f"{name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
+                f"cached {s.cached_ratio:.0%}, errors {s.errors}",
+                err=True,
+            )
+        return runs, {k: v.as_dict() for k, v in no_reuse.items()}
+
+    def _play(
+        self,
+        name: str,
+        target: Target,
+        convs: list[Conversation],
+        plan: Plan,
+        headers_for: Callable[[str, int], dict[str, str]] | None = None,
+    ) -> ConfigRun:
+        start = time.perf_counter()
+        results = asyncio.run(run(target, convs, plan, headers_for=headers_for))
+        return ConfigRun(name, summarize(results), results, time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def _serving(self, name: str) -> Iterator[tuple[Target, Callable | None]]:
+        small_l2 = self.spec.small_l2_tokens * self.kv_bytes
+        logs = self.log_dir / name
+        if name == "recompute":
+            with stack.worker(name, "", self.site(name), logs) as url:
+                yield Target(url), None
+        elif name == "host":
+            site = self.site(name, tier_host_bytes=HOST_ALL_BYTES)
+            with stack.worker(name, "host", site, logs) as url:
+                yield Target(url), None
+        elif name == "nas":
+            with stack.worker(name, "host,nas", self.site(name, tier_host_bytes=small_l2), logs) as url:  # fmt: skip
+                yield Target(url), None
+        elif name == "object":
+            nas = self.spec.small_nas_tokens * self.kv_bytes
+            site = self.site(
+                name, tier_host_bytes=small_l2, tier_nas_high_bytes=nas,
+                tier_nas_low_bytes=nas // 2, tierd_interval_s=1.0,
+            )  # fmt: skip
+            with stack.tierd(site, logs), stack.worker(name, "host,nas,object", site, logs) as url:
+                yield Target(url), None
+        elif name == "gateway_shared":
+            with self._gateway_shared(small_l2, logs) as served:
+                yield served
+        else:
+            raise click.UsageError(f"unknown configuration {name!r}; pick from {CONFIGS}")
+
+    @contextlib.contextmanager
+    def _gateway_shared(self, small_l2: int, logs: Path) -> Iterator[tuple[Target, Callable]]:
+        site = self.site("gateway_shared", tier_host_bytes=small_l2)
+        model = load_settings().worker_model or DEFAULT_MODEL  # the id the workers serve
+        with contextlib.ExitStack() as workers:
+            for wid in GATEWAY_WORKERS:
+                workers.enter_context(
+                    stack.registered_worker(wid, "host,nas,object", model, site, logs)
+                )
+            with stack.gateway(site, logs) as url:
+                target = Target(url, api_key=stack.api_key(site), model=model)
+                yield target, alternating_sessions(model, GATEWAY_WORKERS)
+
+
+def alternating_sessions(model: str, worker_ids: tuple[str, ...]) -> Callable:
+    """``X-Session-Id`` per turn such that turn ``t`` lands on ``worker_ids[t % n]``.
+
+    A new session goes to its ring owner on the gateway's consistent-hash ring (balanced
+    load keeps it there), so a key is chosen per turn whose owner is the wanted worker: the
+    gateway stays unmodified and every follow-up turn changes worker.
+    """
+    infos = [WorkerInfo(w, f"http://{w}", model, 64, 0) for w in worker_ids]
+
+    def owner(session: str) -> str:
+        router = Router(load_factor=1e9)  # no load bounds: the pure ring owner
+        router.update(infos)
+        chosen = router.choose(model, "h:" + session, lambda _: True)
+        assert chosen is not None
+        return chosen.worker_id
+
+    def headers_for(cid: str, turn: int) -> dict[str, str]:
+        want = worker_ids[turn % len(worker_ids)]
+        n = 0
+        while owner(key := f"{cid}-t{turn}-{n}") != want:
+            n += 1
+        return {SESSION_HEADER: key}
+
+    return headers_for

@@ -1,0 +1,206 @@
+"""The figures of a multi-turn comparison: targets with verdicts, physics, table, plots.
+
+Every figure is computed from what the run measured. The only inputs that are not
+measured here are the published properties of hardware this machine does not have (an RTX
+4090's tensor throughput, Ethernet line rates), used solely for the labelled prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: RTX 4090 dense FP16 tensor throughput (NVIDIA Ada whitepaper), and the share of it a
+#: good prefill kernel sustains; used only for the labelled 4090 prediction.
+RTX4090_FLOPS = 165e12
+PREFILL_MFU = 0.5
+#: models the prediction covers: parameters and KV bytes per token (bf16)
+PREDICTED_MODELS = {"Llama-3.1-8B": (8.0e9, 128 << 10), "Llama-3.1-70B": (70.6e9, 320 << 10)}
+#: NAS links: line rate in bytes/s and the share a tuned NFS client gets
+NAS_LINKS = {"25 GbE": 25e9 / 8, "100 GbE": 100e9 / 8}
+LINK_EFFICIENCY = 0.8
+RESTORE_HISTORY = 4000
+
+
+@dataclass(frozen=True)
+class Target:
+    """One acceptance figure: how to compute it and what it must reach."""
+
+    key: str
+    meaning: str
+    op: str
+    bound: float
+    compute: Callable[[dict], float | None]
+
+    def verdict(self, data: dict) -> dict[str, Any]:
+        try:
+            value = self.compute(data)
+        except (KeyError, ZeroDivisionError, TypeError) as exc:
+            value, why = None, f"not measured: {type(exc).__name__} {exc}"
+        else:
+            why = "" if value is not None else "not measured"
+        met = value is not None and (
+            value >= self.bound if self.op == ">=" else value <= self.bound
+        )
+        return {"value": value, "target": f"{self.op} {self.bound:g}", "met": met,
+                "meaning": self.meaning, **({"why": why} if why else {})}  # fmt: skip
+
+
+def _cfg(d: dict, name: str, key: str) -> float:
+    return d["configs"][name][key]
+
+
+def _restore(d: dict, source: str) -> float:
+    samples = d["restore"][str(RESTORE_HISTORY)]
+    return samples[source]["ttft"] / samples["resident"]["ttft"]
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("speedup_rps", "requests/s of nas / recompute", ">=", 6,
+           lambda d: _cfg(d, "nas", "rps") / _cfg(d, "recompute", "rps")),
+    Target("ttft_speedup_p50", "p50 TTFT of recompute / nas", ">=", 6,
+           lambda d: _cfg(d, "recompute", "ttft_p50") / _cfg(d, "nas", "ttft_p50")),
+    Target("nas_vs_resident_ttft", "TTFT at 4k history: from L3 / resident in L1", "<=", 1.5,
+           lambda d: _restore(d, "nas")),
+    Target("object_vs_resident_ttft", "TTFT at 4k history: from L4 / resident in L1", "<=", 3,
+           lambda d: _restore(d, "object")),
+    Target("no_reuse_overhead", "1 - requests/s with tiering on / off, no reuse", "<=", 0.02,
+           lambda d: 1 - d["no_reuse"]["on"]["rps"] / d["no_reuse"]["off"]["rps"]),
+    Target("cross_worker_cached_ratio", "cached / prompt tokens of follow-up turns in "
+           "gateway_shared", ">=", 0.8,
+           lambda d: _cfg(d, "gateway_shared", "followup_cached_ratio")),
+)  # fmt: skip
+
+
+def verdicts(data: dict) -> dict[str, dict[str, Any]]:
+    """``{key: {value, target, met, meaning[, why]}}`` for every acceptance figure."""
+    return {t.key: t.verdict(data) for t in TARGETS}
+
+
+def physics(data: dict) -> dict[str, Any]:
+    """KV size, measured prefill rate and restore bandwidths, and the 4090 prediction."""
+    kv = data["kv_bytes_per_token"]
+    prefill, bandwidth = {}, {}
+    for length, samples in data.get("restore", {}).items():
+        rec = samples["recompute"]
+        if rec["ttft"] > 0:
+            prefill[length] = rec["prompt_tokens"] / rec["ttft"]
+        for tier in ("host", "nas", "object"):
+            s = samples[tier]
+            extra = s["ttft"] - samples["resident"]["ttft"]
+            moved = s["cached_by_tier"].get(tier, 0) * kv
+            if moved and extra > 0:
+                bandwidth.setdefault(tier, {})[length] = moved / extra
+    out: dict[str, Any] = {
+        "kv_bytes_per_token": kv,
+        "prefill_tokens_per_s": prefill,
+        "restore_bytes_per_s": bandwidth,
+    }
+    if prefill:
+        rate = max(prefill.values())
+        # fetching beats recomputing when the link moves a token's KV faster than prefill makes it
+        out["break_even_bytes_per_s"] = rate * kv
+    out["rtx4090_prediction"] = predict_4090()
+    return out
+
+
+def predict_4090(history: int = RESTORE_HISTORY) -> dict[str, dict[str, float]]:
+    """Recompute vs NAS restore of a ``history``-token turn on an RTX 4090 (labelled model)."""
+    out = {}
+    for model, (params, kv) in PREDICTED_MODELS.items():
+        prefill_rate = PREFILL_MFU * RTX4090_FLOPS / (2 * params)
+        row = {"prefill_tokens_per_s": prefill_rate, "recompute_s": history / prefill_rate}
+        for link, rate in NAS_LINKS.items():
+            restore = history * kv / (rate * LINK_EFFICIENCY)
+            row[f"restore_s_{link}"] = restore
+            row[f"speedup_{link}"] = row["recompute_s"] / restore
+        out[model] = row
+    return out
+
+
+def markdown_table(data: dict) -> str:
+    """The per-configuration table, the targets and the restore table, as markdown."""
+    lines = [
+        "| configuration | req/s | output tok/s | TTFT p50 s | TTFT p90 s | TTFT p99 s "
+        "| TPOT p50 s | cached ratio | follow-up cached | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in data["configs"].items():
+        lines.append(
+            f"| {name} | {s['rps']:.3f} | {s['output_tps']:.1f} | {s['ttft_p50']:.2f} "
+            f"| {s['ttft_p90']:.2f} | {s['ttft_p99']:.2f} | {s['tpot_p50']:.3f} "
+            f"| {s['cached_ratio']:.2f} | {s['followup_cached_ratio']:.2f} | {s['errors']} |"
+        )
+    lines += ["", "| figure | value | target | verdict |", "|---|---|---|---|"]
+    for key, v in data["targets"].items():
+        value = "—" if v["value"] is None else f"{v['value']:.3f}"
+        lines.append(f"| `{key}` | {value} | {v['target']} | {'met' if v['met'] else 'MISSED'} |")
+    if data.get("restore"):
+        lines += ["", "| history tokens | " + " | ".join(_SOURCES) + " |",
+                  "|---|" + "---|" * len(_SOURCES)]  # fmt: skip
+        for length, samples in data["restore"].items():
+            cells = [f"{samples[s]['ttft']:.3f} s" for s in _SOURCES]
+            lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_SOURCES = ("resident", "host", "nas", "object", "recompute")
+
+
+def plots(data: dict, out_dir: Path, stem: str) -> list[Path]:
+    """Throughput, TTFT and restore plots as PNGs; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    names = list(data["configs"])
+    if names:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        ax1.bar(names, [data["configs"][n]["rps"] for n in names], color="tab:blue")
+        ax1.set_ylabel("requests/s")
+        ax1.set_title("Throughput")
+        for q, color in (("ttft_p50", "tab:green"), ("ttft_p90", "tab:orange")):
+            ax2.plot(names, [data["configs"][n][q] for n in names], "o-", label=q, color=color)
+        ax2.set_ylabel("seconds")
+        ax2.set_yscale("log")
+        ax2.set_title("Time to first token")
+        ax2.legend()
+        for ax in (ax1, ax2):
+            ax.tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        paths.append(out_dir / f"{stem}_configs.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    if data.get("restore"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        lengths = list(data["restore"])
+        width = 0.8 / len(_SOURCES)
+        for i, source in enumerate(_SOURCES):
+            xs = [j + i * width for j in range(len(lengths))]
+            ax.bar(xs, [data["restore"][n][source]["ttft"] for n in lengths], width, label=source)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], lengths)
+        ax.set_xlabel("history tokens")
+        ax.set_ylabel("TTFT seconds (log)")
+        ax.set_yscale("log")
+        ax.set_title("Restore vs resident")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out_dir / f"{stem}_restore.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def fmt_rate(bytes_per_s: float) -> str:
+    """``1.2 GB/s``-style text."""
+    if bytes_per_s <= 0 or math.isnan(bytes_per_s):
+        return "—"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.2f} {unit}"
+    return f"{bytes_per_s / 1e3:.1f} kB/s"

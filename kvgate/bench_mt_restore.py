@@ -1,0 +1,145 @@
+"""Restore vs resident: the TTFT of one turn whose history sits in L1, L2, L3, L4 or nowhere.
+
+For each history length a fresh site (database, NAS directory, S3 prefix) and three
+workers in turn, each with a device pool that holds one such history and no more:
+
+1. worker A prefills the turn (``recompute``), answers it again from L1 (``resident``),
+   then prefills a second history of the same length, which evicts the first to A's host
+   RAM and, written behind, to the NAS; once the ledger shows those pages on the NAS the
+   turn is sent again and comes back from A's host RAM (``host``);
+2. worker B, a fresh process sharing the NAS, answers it from the NAS (``nas``);
+3. one ``tierd --once`` pass with a NAS watermark of one byte demotes every page to the
+   object store and deletes it from the NAS; worker C, fresh again, answers from S3
+   (``object``).
+
+Every answer's usage says which tier served the cached tokens; the report keeps it, so a
+figure labelled ``nas`` is known to come from the NAS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kvgate import bench_mt_stack as stack
+from kvgate.bench_mt_driver import Result, Target, model_of, send
+from kvgate.bench_mt_metrics import percentile
+from kvgate.bench_mt_workload import single_history
+from kvgate.stack_process import kvgate_argv
+
+SOURCES: tuple[str, ...] = ("resident", "host", "nas", "object", "recompute")
+TIERS = "host,nas,object"
+#: pool room beyond the history: the new message, the chat template, the answer
+POOL_SLACK_TOKENS = 400
+RESIDENT_REPEATS = 3
+DRAIN_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Sample:
+    """One measured turn."""
+
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+
+    @classmethod
+    def of(cls, r: Result) -> Sample:
+        return cls(r.ttft, r.prompt_tokens, r.cached_tokens, dict(r.cached_by_tier), r.error)
+
+
+def _messages(length: int, seed: int) -> list[dict[str, str]]:
+    conv = single_history(length, seed)
+    first, follow = conv.turns
+    return [
+        {"role": "system", "content": conv.system},
+        {"role": "user", "content": first.user + "\n\n" + follow.user},
+    ]
+
+
+#: a first request on each fresh worker, sharing no page with any history: one-off costs
+#: (allocator, kernel selection) must not be charged to the first measured source
+_WARM_UP = [{"role": "user", "content": "warm up"}]
+
+
+async def _ask(url: str, messages: list[dict[str, str]]) -> Sample:
+    async with httpx.AsyncClient(timeout=1800) as client:
+        target = Target(url)
+        result = Result("restore", 0, 0.0)
+        await send(client, target, await model_of(client, target), messages, 1, result)
+        return Sample.of(result)
+
+
+def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, log_dir: Path) -> dict[str, Sample]:  # fmt: skip
+    """The samples of each source in :data:`SOURCES` for a history of ``length`` tokens."""
+    page = 16
+    pool_tokens = -(-(length + POOL_SLACK_TOKENS) // page) * page
+    site = stack.new_site(
+        svc,
+        f"restore{length}",
+        worker_kv_pool_bytes=pool_tokens * kv_bytes,
+        worker_page_size=page,
+        tier_host_bytes=4 * pool_tokens * kv_bytes,
+    )
+    history = _messages(length, seed)
+    other = _messages(length, seed + 1)
+    out: dict[str, Sample] = {}
+    logs = log_dir / f"restore-{length}"
+    with stack.worker("restore-a", TIERS, site, logs) as url:
+        asyncio.run(_ask(url, _WARM_UP))
+        out["recompute"] = asyncio.run(_ask(url, history))
+        resident = [asyncio.run(_ask(url, history)) for _ in range(RESIDENT_REPEATS)]
+        out["resident"] = min(resident, key=lambda s: abs(s.ttft - _median(resident)))
+        asyncio.run(_ask(url, other))  # evicts the history: L2 now, the NAS soon
+        _wait_for_nas(site, out["recompute"].prompt_tokens // page)
+        out["host"] = asyncio.run(_ask(url, history))
+    with stack.worker("restore-b", TIERS, site, logs) as url:
+        asyncio.run(_ask(url, _WARM_UP))
+        out["nas"] = asyncio.run(_ask(url, history))
+    demote_everything(site, logs)
+    with stack.worker("restore-c", TIERS, site, logs) as url:
+        asyncio.run(_ask(url, _WARM_UP))
+        out["object"] = asyncio.run(_ask(url, history))
+    return out
+
+
+def _median(samples: list[Sample]) -> float:
+    return percentile([s.ttft for s in samples], 50)
+
+
+def _wait_for_nas(site: stack.Site, pages: int) -> None:
+    """Poll the ledger until ``pages`` pages are recorded on the NAS (write-behind done)."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while stack.ledger_pages(site)[0] < pages:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the NAS did not receive {pages} pages within {DRAIN_TIMEOUT_S:.0f} s; "
+                f"see the worker log under {site.nas}"
+            )
+        time.sleep(0.5)
+
+
+def demote_everything(site: stack.Site, log_dir: Path) -> None:
+    """One tierd pass that moves every NAS page to the object store."""
+    env = {**os.environ, **site.env, "KVGATE_TIER_NAS_HIGH_BYTES": "1", "KVGATE_TIER_NAS_LOW_BYTES": "0"}  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "tierd-once.log", "ab") as log:
+        subprocess.run(kvgate_argv("tierd", "--once"), env=env, stdout=log, stderr=log, check=True)
+
+
+def measure(
+    svc: stack.Services, lengths: tuple[int, ...], kv_bytes: int, seed: int, log_dir: Path
+) -> dict[int, dict[str, dict]]:
+    """``{length: {source: sample as a dict}}`` for every length."""
+    return {
+        n: {k: asdict(v) for k, v in measure_length(svc, n, kv_bytes, seed, log_dir).items()}
+        for n in lengths
+    }

@@ -1,0 +1,75 @@
+"""One ``kvgate bench multiturn --compare`` run, from starting the services to the written docs."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+import click
+
+from kvgate import bench_mt_restore, bench_mt_stack
+from kvgate.bench_mt_compare import CONFIGS, FULL, QUICK, Compare
+from kvgate.bench_mt_docs import write_docs
+from kvgate.bench_mt_report import markdown_table, physics, plots, verdicts
+from kvgate.bench_mt_workload import Shape
+from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir
+
+
+def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[str, Any]:
+    """Run the comparison, write its outputs under docs/benchmarks/, return the figures."""
+    spec = replace(QUICK if quick else FULL, shape=shape, seed=seed)
+    only = tuple(c for c in configs.split(",") if c) or CONFIGS
+    if unknown := set(only) - set(CONFIGS):
+        raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
+    kv = kv_bytes_per_token()
+    root = run_dir()
+    click.echo(f"services, logs and NAS under {root}", err=True)
+    started = time.perf_counter()
+    data: dict[str, Any] = {
+        "run": "quick" if quick else "full",
+        "machine": machine(),
+        "spec": asdict(spec),
+        "configs_run": list(only),
+        "kv_bytes_per_token": kv,
+    }
+    with bench_mt_stack.services(root) as svc:
+        compare = Compare(svc, spec, kv, root / "logs")
+        data["working_set_tokens"] = compare.working_set_tokens()
+        data["working_set_over_l1"] = data["working_set_tokens"] / spec.l1_tokens
+        runs, no_reuse = compare.run_all(only)
+        data["configs"] = {name: r.summary.as_dict() for name, r in runs.items()}
+        data["config_seconds"] = {name: r.seconds for name, r in runs.items()}
+        data["no_reuse"] = no_reuse
+        click.echo("--- restore vs resident", err=True)
+        data["restore"] = {
+            str(n): v
+            for n, v in bench_mt_restore.measure(
+                svc, spec.restore_lengths, kv, seed, root / "logs"
+            ).items()
+        }
+    data["machine"]["load_average_at_end"] = os.getloadavg()
+    data["seconds"] = time.perf_counter() - started
+    data["targets"] = verdicts(data)
+    data["physics"] = physics(data)
+    data.update({k: v for k, v in data["targets"].items()})  # the acceptance keys, top level
+    _write(data, quick)
+    for key, v in data["targets"].items():
+        value = "—" if v["value"] is None else f"{v['value']:.3f}"
+        click.echo(
+            f"{key:>26}: {value:>8}  target {v['target']:<7} {'met' if v['met'] else 'MISSED'}"
+        )
+    return data
+
+
+def _write(data: dict[str, Any], quick: bool) -> None:
+    out = DOCS / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "multiturn_quick" if quick else "multiturn"
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    (out / f"{stem}.md").write_text(markdown_table(data))
+    data["plots"] = [str(p) for p in plots(data, out, stem)]
+    if not quick:
+        write_docs(data, DOCS / "benchmarks.md")

@@ -1,0 +1,263 @@
+"""``kvgate bench multiturn``: the workload's determinism and shape, the driver against a real
+worker, the statistics and the JSON figures. Speed itself is measured by the benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gateway.router import Router
+from kvgate import bench_mt_stack as stack
+from kvgate.bench_mt_compare import QUICK, alternating_sessions
+from kvgate.bench_mt_driver import Plan, Result, Target, run
+from kvgate.bench_mt_metrics import percentile, summarize
+from kvgate.bench_mt_report import TARGETS, markdown_table, physics, verdicts
+from kvgate.bench_mt_workload import WORDS, Shape, conversations, single_history
+from kvgate.bench_multiturn import multiturn
+from protocol.registry import WorkerInfo
+from workers.engine.tokenizer import load_tokenizer
+from workers.engine.weights import tiny_random
+
+SMALL = Shape(
+    common_prefix=64,
+    unique_prefix_mean=100,
+    unique_prefix_max=200,
+    user_tokens=(20, 30),
+    answer_tokens=(8, 12),
+    turns=(3, 4),
+)
+
+
+# --- workload ---------------------------------------------------------------------------------
+def test_same_seed_same_workload_other_seed_other_workload() -> None:
+    assert conversations(5, seed=3) == conversations(5, seed=3)
+    assert conversations(5, seed=3) != conversations(5, seed=4)
+
+
+def test_default_shape_is_the_published_one() -> None:
+    convs = conversations(400)
+    system = convs[0].system
+    assert len(system.split()) == 500
+    assert all(c.system == system for c in convs)  # one common prefix
+    assert {len(c.turns) for c in convs} <= set(range(6, 10))
+    assert {len(c.turns) for c in convs} == set(range(6, 10))
+    for c in convs:
+        assert 1 <= c.unique_tokens <= 3000
+        doc, _, first_message = c.turns[0].user.partition("\n\n")
+        assert len(doc.split()) == c.unique_tokens
+        assert 120 <= len(first_message.split()) <= 160
+        for turn in c.turns:
+            assert 80 <= turn.answer_tokens <= 120
+        for turn in c.turns[1:]:
+            assert 120 <= len(turn.user.split()) <= 160
+    # lognormal with mean 1,000 (clipping at 3,000 pulls it down a little)
+    assert 900 <= statistics.mean(c.unique_tokens for c in convs) <= 1100
+    assert len({c.turns[0].user for c in convs}) == 400  # unique first turns
+
+
+def test_every_word_is_one_smollm2_token(smollm2_gguf: Path) -> None:
+    tokenizer = load_tokenizer(smollm2_gguf)
+    long = [w for w in WORDS if len(tokenizer.encode(" " + w, add_special_tokens=False)) != 1]
+    assert long == []
+    text = conversations(1, seed=9)[0].turns[1].user
+    assert len(tokenizer.encode(text, add_special_tokens=False)) == len(text.split())
+
+
+def test_single_history_has_the_asked_length() -> None:
+    conv = single_history(4000, seed=1)
+    history, follow = conv.turns
+    assert len(conv.system.split()) + len(history.user.split()) == 4000
+    assert len(follow.user.split()) == 120
+    assert single_history(4000, seed=2).system != conv.system  # no page shared across seeds
+
+
+# --- statistics and figures -------------------------------------------------------------------
+def _result(turn: int, start: float, ttft: float, latency: float, **kw: object) -> Result:
+    r = Result("c", turn, start, ttft=ttft, latency=latency, **kw)  # type: ignore[arg-type]
+    return r
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([], 50) == 0.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def test_summary_leaves_out_warmup_and_counts_errors() -> None:
+    results = [
+        _result(0, 0.0, 5.0, 9.0, prompt_tokens=100, output_tokens=10, warmup=True),
+        _result(1, 10.0, 1.0, 3.0, prompt_tokens=200, cached_tokens=150, output_tokens=11),
+        _result(2, 11.0, 2.0, 4.0, prompt_tokens=300, cached_tokens=250, output_tokens=11,
+                cached_by_tier={"nas": 200, "device": 50}),
+        _result(0, 12.0, 0.0, 1.0, error="HTTP 500"),
+    ]  # fmt: skip
+    s = summarize(results)
+    assert (s.requests, s.errors) == (2, 1)
+    assert s.seconds == pytest.approx(5.0)  # 10.0 .. 15.0
+    assert s.rps == pytest.approx(0.4)
+    assert s.output_tps == pytest.approx(22 / 5)
+    assert s.ttft_p50 == pytest.approx(1.5)
+    assert s.cached_ratio == pytest.approx(400 / 500)
+    assert s.followup_cached_ratio == pytest.approx(400 / 500)
+    assert s.cached_by_tier == {"nas": 200, "device": 50}
+    assert results[1].tpot == pytest.approx(0.2)
+
+
+def _figures(**overrides: object) -> dict:
+    config = summarize([]).as_dict() | {"rps": 1.0, "ttft_p50": 1.0, "followup_cached_ratio": 0.9}
+    sample = {"ttft": 1.0, "prompt_tokens": 4100, "cached_tokens": 4096, "cached_by_tier": {}}
+    data = {
+        "kv_bytes_per_token": 46080,
+        "configs": {
+            "recompute": {**config, "rps": 0.1, "ttft_p50": 8.0},
+            "nas": config,
+            "gateway_shared": config,
+        },
+        "no_reuse": {"on": {"rps": 0.99}, "off": {"rps": 1.0}},
+        "restore": {
+            "4000": {
+                "resident": {**sample, "ttft": 0.2},
+                "host": {**sample, "ttft": 0.22, "cached_by_tier": {"host": 4096}},
+                "nas": {**sample, "ttft": 0.25, "cached_by_tier": {"nas": 4096}},
+                "object": {**sample, "ttft": 0.9, "cached_by_tier": {"object": 4096}},
+                "recompute": {**sample, "ttft": 8.2, "cached_tokens": 0},
+            }
+        },
+    }
+    data.update(overrides)
+    return data
+
+
+def test_verdicts_compute_each_acceptance_figure_from_the_run() -> None:
+    v = verdicts(_figures())
+    assert set(v) == {
+        "speedup_rps", "ttft_speedup_p50", "nas_vs_resident_ttft", "object_vs_resident_ttft",
+        "no_reuse_overhead", "cross_worker_cached_ratio",
+    }  # fmt: skip
+    assert v["speedup_rps"]["value"] == pytest.approx(10.0)
+    assert v["ttft_speedup_p50"]["value"] == pytest.approx(8.0)
+    assert v["nas_vs_resident_ttft"]["value"] == pytest.approx(1.25)
+    assert v["object_vs_resident_ttft"]["value"] == pytest.approx(4.5)
+    assert v["no_reuse_overhead"]["value"] == pytest.approx(0.01)
+    assert v["cross_worker_cached_ratio"]["value"] == pytest.approx(0.9)
+    met = {k: x["met"] for k, x in v.items()}
+    assert met == {k: k != "object_vs_resident_ttft" for k in met}
+    assert all({"value", "target", "met", "meaning"} <= set(x) for x in v.values())
+
+
+def test_a_figure_that_was_not_measured_is_missed_with_a_reason() -> None:
+    data = _figures(configs={})
+    v = verdicts(data)
+    assert v["speedup_rps"]["value"] is None
+    assert v["speedup_rps"]["met"] is False
+    assert "not measured" in v["speedup_rps"]["why"]
+    assert len(TARGETS) == 6
+
+
+def test_physics_and_table_come_from_the_samples() -> None:
+    data = _figures()
+    phys = physics(data)
+    assert phys["prefill_tokens_per_s"]["4000"] == pytest.approx(4100 / 8.2)
+    assert phys["restore_bytes_per_s"]["nas"]["4000"] == pytest.approx(4096 * 46080 / 0.05)
+    assert phys["break_even_bytes_per_s"] == pytest.approx(4100 / 8.2 * 46080)
+    pred = phys["rtx4090_prediction"]["Llama-3.1-8B"]
+    assert pred["speedup_100 GbE"] > pred["speedup_25 GbE"] > 0
+    data["targets"] = verdicts(data)
+    table = markdown_table(data)
+    assert "| nas | 1.000 |" in table and "`speedup_rps` | 10.000" in table
+
+
+# --- routing ----------------------------------------------------------------------------------
+def test_alternating_sessions_send_each_turn_to_the_other_worker() -> None:
+    ids = ("bench-a", "bench-b")
+    headers_for = alternating_sessions("m", ids)
+    router = Router(load_factor=1.25)
+    router.update([WorkerInfo(w, f"http://{w}", "m", 64, 0) for w in ids])
+    owners = []
+    for turn in range(6):
+        session = headers_for("conv-1", turn)["x-session-id"]
+        chosen = router.choose("m", "h:" + session, lambda _: True)
+        assert chosen is not None
+        owners.append(chosen.worker_id)
+    assert owners == ["bench-a", "bench-b"] * 3
+
+
+# --- the driver against a real worker -----------------------------------------------------------
+def test_driver_plays_every_turn_with_real_answers_round_robin(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    config, _ = tiny_random()
+    kv = config.kv_bytes_per_token(4)
+    site = stack.Site(
+        dsn="",
+        nas=tmp_path,
+        s3_prefix="",
+        env={
+            "KVGATE_HOME": str(smollm2_gguf.parent.parent),  # the test cache's models
+            "KVGATE_WORKER_MODEL": "tiny-random",
+            "KVGATE_WORKER_KV_POOL_BYTES": str(40 * 16 * kv),  # 640 tokens: L1 must evict
+            "KVGATE_TIER_HOST_BYTES": str(1 << 30),
+        },
+    )
+    convs = conversations(6, SMALL, seed=5)
+    with stack.worker("tiny", "host", site, tmp_path / "logs") as url:
+        results = asyncio.run(
+            run(Target(url), convs, Plan(clients=2, active=4, warmup=2), progress=False)
+        )
+    assert not [r.error for r in results if r.error]
+    assert len(results) == sum(len(c.turns) for c in convs)
+    by_conv: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        by_conv.setdefault(r.cid, []).append(i)
+    for c in convs:
+        turns = [results[i] for i in by_conv[c.cid]]
+        assert [r.turn for r in turns] == list(range(len(c.turns)))
+        for turn, r in zip(c.turns, turns, strict=True):
+            assert r.output_tokens == turn.answer_tokens  # min_tokens = max_tokens held
+            assert 0 < r.ttft <= r.latency
+        for prev, nxt, turn in zip(turns, turns[1:], c.turns[1:], strict=False):
+            # the whole history is resent: the earlier prompt, the real answer, the new message
+            assert nxt.prompt_tokens >= prev.prompt_tokens + prev.output_tokens + len(
+                turn.user.split()
+            )
+        # round-robin over more conversations than clients: others' turns come in between
+        positions = by_conv[c.cid]
+        assert all(b - a >= 2 for a, b in itertools.pairwise(positions))
+    assert sum(r.warmup for r in results) == 2
+    followups = [r for r in results if r.turn > 0]
+    assert sum(r.cached_by_tier.get("host", 0) for r in followups) > 0  # evicted, then restored
+    assert summarize(results).requests == len(results) - 2
+
+
+def test_cli_drives_a_url_and_writes_json(tmp_path: Path, smollm2_gguf: Path) -> None:
+    site = stack.Site(
+        dsn="", nas=tmp_path, s3_prefix="",
+        env={"KVGATE_HOME": str(smollm2_gguf.parent.parent), "KVGATE_WORKER_MODEL": "tiny-random"},
+    )  # fmt: skip
+    out = tmp_path / "run.json"
+    with stack.worker("tiny", "", site, tmp_path / "logs") as url:
+        result = CliRunner().invoke(
+            multiturn,
+            ["--url", url, "--conversations", "3", "--active", "3", "--clients", "2",
+             "--warmup", "1", "--common-prefix", "32", "--unique-mean", "50", "--unique-max",
+             "80", "--user-tokens", "10", "12", "--answer-tokens", "4", "6", "--turns", "2", "2",
+             "--json", str(out)],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["requests"] == 5 and data["errors"] == 0
+    for key in ("rps", "output_tps", "ttft_p50", "ttft_p90", "ttft_p99", "cached_ratio"):
+        assert data[key] >= 0
+    assert data["rps"] > 0
+
+
+def test_quick_spec_keeps_the_default_shape_and_more_conversations_than_clients() -> None:
+    assert QUICK.shape == Shape()
+    assert QUICK.active > QUICK.clients >= 8
+    assert 4000 in QUICK.restore_lengths
