@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 
 import anyio
 import asyncpg
-import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -62,7 +61,7 @@ class Gateway:
         self.limiter: Limiter
         self.directory: Directory
         self.usage: UsageRecorder
-        self.client: httpx.AsyncClient
+        self.upstream = proxy.Upstream(config.connect_timeout_s, config.upstream_timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle --------------------------------------------------------------------
@@ -79,10 +78,7 @@ class Gateway:
             self.pool, self.router, cfg.registry_refresh_s, cfg.worker_timeout_s
         )
         self.usage = UsageRecorder(self.pool, cfg.usage_flush_s, cfg.usage_buffer_max)
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(cfg.upstream_timeout_s, connect=cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-        )
+        await self.upstream.start()
         await self.directory.refresh()
         self._tasks = [
             asyncio.create_task(self.directory.run()),
@@ -95,7 +91,7 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.usage.close(deadline_s=10)
-            await self.client.aclose()
+            await self.upstream.close()
             await self.pool.close()
 
     # --- plain endpoints --------------------------------------------------------------
@@ -229,13 +225,11 @@ class _Call:
             sent = time.perf_counter()
             try:
                 if self.req.stream:
-                    opened = await proxy.open_stream(
-                        gw.client, worker.url + path, body, upstream_headers
+                    answer = await gw.upstream.open_stream(
+                        worker.url + path, body, upstream_headers
                     )
                 else:
-                    response = await proxy.fetch(
-                        gw.client, worker.url + path, body, upstream_headers
-                    )
+                    answer = await gw.upstream.fetch(worker.url + path, body, upstream_headers)
             except proxy.UpstreamUnavailable as exc:
                 gw.router.release(worker.worker_id)
                 gw.breaker.failure(worker.worker_id)
@@ -244,10 +238,10 @@ class _Call:
             gw.breaker.success(worker.worker_id)
             self.worker = worker.worker_id
             self.upstream_s = time.perf_counter() - sent
-            if self.req.stream:
-                return self._stream(worker, *opened, headers)
+            if isinstance(answer, proxy.Stream):
+                return self._stream(worker, answer, headers)
             gw.router.release(worker.worker_id)
-            return self._plain(response, headers)
+            return self._plain(answer, headers)
         return self.finish_error(
             ApiError(
                 503,
@@ -258,40 +252,27 @@ class _Call:
             )
         )
 
-    def _plain(self, response: httpx.Response, headers: dict[str, str]) -> Response:
-        self.outcome.status = response.status_code
-        if response.status_code == 200:
+    def _plain(self, reply: proxy.Reply, headers: dict[str, str]) -> Response:
+        """A whole answer (non-streaming, or a worker's refusal of a stream) passed on."""
+        self.outcome.status = reply.status
+        if reply.status == 200 and not self.req.stream:
             with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                self.outcome.take_usage(orjson.loads(response.content).get("usage"))
-        media = response.headers.get("content-type", "application/json")
+                self.outcome.take_usage(orjson.loads(reply.body).get("usage"))
         self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
         return Response(
-            response.content,
-            response.status_code,
+            reply.body,
+            reply.status,
             headers,
-            media_type=media,
+            media_type=reply.content_type,
             background=BackgroundTask(self._finish),
         )
 
     def _stream(
-        self,
-        worker: WorkerInfo,
-        upstream: httpx.Response,
-        chunks: AsyncIterator[bytes],
-        first: bytes,
-        headers: dict[str, str],
+        self, worker: WorkerInfo, stream: proxy.Stream, headers: dict[str, str]
     ) -> Response:
-        self.outcome.status = upstream.status_code
-        if upstream.status_code != 200:
-            self.gw.router.release(worker.worker_id)
-            return Response(
-                upstream.content,
-                upstream.status_code,
-                headers,
-                media_type=upstream.headers.get("content-type"),
-                background=BackgroundTask(self._finish),
-            )
+        self.outcome.status = 200
         self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
+        chunks, first = stream.chunks, stream.first
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -307,7 +288,7 @@ class _Call:
                 # Shielded: a hang-up cancels this task, and the lease and usage row must
                 # still be written.
                 with anyio.CancelScope(shield=True):
-                    await upstream.aclose()
+                    stream.close(complete=self.outcome.complete)
                     self.gw.router.release(worker.worker_id)
                     await self._finish()
 
