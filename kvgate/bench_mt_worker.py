@@ -20,7 +20,7 @@ import click
 import uvicorn
 
 from kvgate.services.postgres import create_pool
-from kvgate.serving import load_model, worker_options
+from kvgate.serving import kv_layout, load_model, worker_options
 from kvgate.settings import Settings, load_settings
 from kvgate.tiering_setup import cost_config, nas_config, object_config, store_config
 from tiering.cost import CostModel
@@ -32,7 +32,6 @@ from tiering.tiers.nas import NasTier
 from tiering.tiers.object import ObjectTier
 from workers.context import ServerConfig
 from workers.engine.engine import TorchEngine
-from workers.engine.kv_pool import KVLayout
 from workers.engine.tiered_offload import TieredOffload
 from workers.server import create_app
 
@@ -81,15 +80,6 @@ def main(tiers: str, host: str, port: int) -> None:
     settings = load_settings()
     options = worker_options(settings)
     loaded = load_model(options)
-    _, dtype = options.engine.resolved()
-    cfg = loaded.config
-    layout = KVLayout(
-        dtype=str(dtype).removeprefix("torch."),
-        page_size=options.engine.page_size,
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-    )
     engine: TorchEngine | None = None
 
     def prefill_stats() -> tuple[int, float]:
@@ -102,15 +92,16 @@ def main(tiers: str, host: str, port: int) -> None:
         offload = TieredOffload(
             lambda: build_store(settings, chosen),
             model_fingerprint=loaded.model_id,
-            layout=layout,
+            layout=kv_layout(loaded.config, options.engine),
             fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1,
             prefill_stats=prefill_stats,
         )
     engine = TorchEngine(
-        cfg, loaded.state, options.engine, model_id=loaded.model_id, offload=offload
+        loaded.config, loaded.state, options.engine, model_id=loaded.model_id, offload=offload
     )
     info = {"tiers": sorted(chosen), "kv_pool_bytes": options.engine.kv_pool_bytes}
-    app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(info))
+    config = ServerConfig(info, tier_stats=offload.stats if offload is not None else None)
+    app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
