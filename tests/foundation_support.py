@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+import psutil
 
 
 def kvgate_env(home: Path, **extra: str) -> dict[str, str]:
@@ -22,3 +25,20 @@ def kvgate_env(home: Path, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+def gone(pid: int, deadline_s: float = 10.0) -> bool:
+    """Whether process ``pid`` exits within the deadline.
+
+    A zombie counts as exited: orphans (a service's helpers, pg_ctl's postmaster) are
+    reaped by whatever PID 1 is, whenever it gets to it.
+    """
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from foundation_support import gone
 
 from kvgate.services.ports import free_port
 from kvgate.settings import Settings
@@ -149,20 +150,7 @@ def test_child_that_ignores_sigterm_is_killed_with_its_own_children(tmp_path: Pa
     finally:
         stack.stop()
     for pid in map(int, pids.read_text().split()):
-        assert not _alive(pid), f"process {pid} survived stop()"
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie awaiting its reaper counts as gone)."""
-    deadline = time.monotonic() + 5  # an orphaned grandchild is reaped by init asynchronously
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            return False
-        time.sleep(0.05)
-    return True
+        assert gone(pid), f"process {pid} survived stop()"
 
 
 def test_stop_requested_while_waiting_stops_started_parts(tmp_path: Path) -> None:
@@ -198,3 +186,30 @@ def test_nas_that_is_a_regular_file_is_refused_with_what_to_do(tmp_path: Path) -
 def test_kvgate_argv_runs_this_interpreters_cli() -> None:
     out = subprocess.run(kvgate_argv("up", "--help"), capture_output=True, text=True, check=True)
     assert "Usage: python -m kvgate up" in out.stdout
+
+
+def test_children_get_sigterm_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    supervisor = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from kvgate.stack import Ready\n"
+        "from kvgate.stack_process import ProcessPart\n"
+        f"out = Path({str(pid_file)!r})\n"
+        "child = ProcessPart('sleeper', [sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        f"    probe=lambda: Ready('up'), log_path=Path({str(tmp_path / 'sleeper.log')!r}))\n"
+        "child.start({})\n"
+        "out.write_text(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", supervisor])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert psutil.pid_exists(child)
+    finally:
+        proc.kill()  # no chance to clean up: the kernel must tell the child
+        proc.wait()
+    assert gone(child), "the child outlived its SIGKILLed supervisor"
