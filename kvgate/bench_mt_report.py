@@ -125,14 +125,18 @@ def markdown_table(data: dict) -> str:
     """The per-configuration table, the targets and the restore table, as markdown."""
     lines = [
         "| configuration | req/s | output tok/s | TTFT p50 s | TTFT p90 s | TTFT p99 s "
-        "| TPOT p50 s | cached ratio | follow-up cached | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| TPOT p50 s | cached ratio | follow-up cached | prefilled tok/req | cached by tier "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in data["configs"].items():
+        prefilled = (s["prompt_tokens"] - s["cached_tokens"]) / max(1, s["requests"])
+        tiers = ", ".join(f"{t} {n}" for t, n in sorted(s["cached_by_tier"].items())) or "—"
         lines.append(
             f"| {name} | {s['rps']:.3f} | {s['output_tps']:.1f} | {s['ttft_p50']:.2f} "
             f"| {s['ttft_p90']:.2f} | {s['ttft_p99']:.2f} | {s['tpot_p50']:.3f} "
-            f"| {s['cached_ratio']:.2f} | {s['followup_cached_ratio']:.2f} | {s['errors']} |"
+            f"| {s['cached_ratio']:.2f} | {s['followup_cached_ratio']:.2f} | {prefilled:.0f} "
+            f"| {tiers} | {s['errors']} |"
         )
     lines += ["", "| figure | value | target | verdict |", "|---|---|---|---|"]
     for key, v in data["targets"].items():
@@ -142,12 +146,20 @@ def markdown_table(data: dict) -> str:
         lines += ["", "| history tokens | " + " | ".join(_SOURCES) + " |",
                   "|---|" + "---|" * len(_SOURCES)]  # fmt: skip
         for length, samples in data["restore"].items():
-            cells = [f"{samples[s]['ttft']:.3f} s" for s in _SOURCES]
+            cells = [_restore_cell(samples[s]) for s in _SOURCES]
             lines.append(f"| {length} | " + " | ".join(cells) + " |")
+        lines.append("\nEach cell: TTFT, then where the cached prompt tokens came from.")
     return "\n".join(lines) + "\n"
 
 
 _SOURCES = ("resident", "host", "nas", "object", "recompute")
+
+
+def _restore_cell(sample: dict[str, Any]) -> str:
+    if sample.get("error"):
+        return "error"
+    tiers = " ".join(f"{t}:{n}" for t, n in sorted(sample["cached_by_tier"].items()))
+    return f"{sample['ttft']:.3f} s ({tiers or 'none'})"
 
 
 def plots(data: dict, out_dir: Path, stem: str) -> list[Path]:

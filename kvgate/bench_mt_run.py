@@ -65,11 +65,13 @@ def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[s
 
 
 def _write(data: dict[str, Any], quick: bool) -> None:
+    """JSON, table and plots under docs/benchmarks/; docs/benchmarks.md from a full run, or
+    from a quick one while no full run has been recorded."""
     out = DOCS / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     stem = "multiturn_quick" if quick else "multiturn"
+    data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown_table(data))
-    data["plots"] = [str(p) for p in plots(data, out, stem)]
-    if not quick:
+    if not quick or not (out / "multiturn.json").exists():
         write_docs(data, DOCS / "benchmarks.md")

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import statistics
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ from click.testing import CliRunner
 from gateway.router import Router
 from kvgate import bench_mt_stack as stack
 from kvgate.bench_mt_compare import QUICK, alternating_sessions
+from kvgate.bench_mt_docs import render
 from kvgate.bench_mt_driver import Plan, Result, Target, run
 from kvgate.bench_mt_metrics import percentile, summarize
 from kvgate.bench_mt_report import TARGETS, markdown_table, physics, verdicts
 from kvgate.bench_mt_workload import WORDS, Shape, conversations, single_history
-from kvgate.bench_multiturn import multiturn
+from kvgate.bench_multiturn import machine, multiturn
 from protocol.registry import WorkerInfo
 from workers.engine.tokenizer import load_tokenizer
 from workers.engine.weights import tiny_random
@@ -261,3 +263,20 @@ def test_quick_spec_keeps_the_default_shape_and_more_conversations_than_clients(
     assert QUICK.shape == Shape()
     assert QUICK.active > QUICK.clients >= 8
     assert 4000 in QUICK.restore_lengths
+
+
+def test_docs_explain_method_machine_results_and_physics() -> None:
+    data = _figures()
+    data.update(
+        run="full", seconds=600.0, working_set_tokens=80000, working_set_over_l1=8.5,
+        spec=asdict(replace(QUICK, max_requests=0)), machine=machine(),
+        plots=["benchmarks/multiturn_configs.png"],
+    )  # fmt: skip
+    data["targets"] = verdicts(data)
+    data["physics"] = physics(data)
+    text = render(data)
+    for heading in ("## Method", "## Machine", "## Reproduce", "## Results", "## Physics"):
+        assert heading in text
+    assert "46080 bytes" in text and "8.5x L1" in text
+    assert "Llama-3.1-70B" in text and "100 GbE" in text
+    assert "![multiturn_configs](benchmarks/multiturn_configs.png)" in text
