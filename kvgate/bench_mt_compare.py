@@ -137,27 +137,37 @@ class Compare:
             return Plan(clients=s.clients, active=s.clients + 1, warmup=0)
         return Plan(s.clients, s.active, s.warmup, s.max_requests)
 
-    def run_all(self, only: tuple[str, ...] = CONFIGS) -> tuple[dict[str, ConfigRun], dict]:
-        """Every configuration in ``only``, then the no-reuse pair; (runs, no-reuse figures)."""
+    def run_all(
+        self, only: tuple[str, ...] = CONFIGS
+    ) -> tuple[dict[str, ConfigRun], dict, dict[str, str]]:
+        """Every configuration in ``only``, then the no-reuse pair.
+
+        Returns (runs, no-reuse figures, failures): a configuration that cannot start is
+        reported with its reason and the others still run, since one run takes many minutes.
+        """
         runs: dict[str, ConfigRun] = {}
         no_reuse: dict[str, Summary] = {}
+        failures: dict[str, str] = {}
         for name in only:
             click.echo(f"--- {name}", err=True)
-            with self._serving(name) as (target, headers_for):
-                runs[name] = self._play(name, target, self.workload, self.plan(), headers_for)
-                if name in ("recompute", "object"):
-                    label = "off" if name == "recompute" else "on"
-                    played = self._play(
-                        f"no-reuse {label}", target, self.no_reuse, self.plan(no_reuse=True)
-                    )
-                    no_reuse[label] = played.summary
+            try:
+                with self._serving(name) as (target, headers_for):
+                    runs[name] = self._play(name, target, self.workload, self.plan(), headers_for)
+                    if name in ("recompute", "object"):
+                        label = "off" if name == "recompute" else "on"
+                        plan = self.plan(no_reuse=True)
+                        no_reuse[label] = self._play(label, target, self.no_reuse, plan).summary
+            except (stack.PartError, OSError, RuntimeError) as exc:
+                failures[name] = str(exc)
+                click.echo(f"{name} failed: {exc}", err=True)
+                continue
             s = runs[name].summary
             click.echo(
                 f"{name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
                 f"cached {s.cached_ratio:.0%}, errors {s.errors}",
                 err=True,
             )
-        return runs, {k: v.as_dict() for k, v in no_reuse.items()}
+        return runs, {k: v.as_dict() for k, v in no_reuse.items()}, failures
 
     def _play(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -39,17 +40,24 @@ def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[s
         compare = Compare(svc, spec, kv, root / "logs")
         data["working_set_tokens"] = compare.working_set_tokens()
         data["working_set_over_l1"] = data["working_set_tokens"] / spec.l1_tokens
-        runs, no_reuse = compare.run_all(only)
+        runs, no_reuse, failures = compare.run_all(only)
+        data["failures"] = failures
         data["configs"] = {name: r.summary.as_dict() for name, r in runs.items()}
         data["config_seconds"] = {name: r.seconds for name, r in runs.items()}
         data["no_reuse"] = no_reuse
         click.echo("--- restore vs resident", err=True)
-        data["restore"] = {
-            str(n): v
-            for n, v in bench_mt_restore.measure(
-                svc, spec.restore_lengths, kv, seed, root / "logs"
-            ).items()
-        }
+        try:
+            restore = bench_mt_restore.measure(svc, spec.restore_lengths, kv, seed, root / "logs")
+        except (
+            bench_mt_stack.PartError,
+            OSError,
+            RuntimeError,
+            subprocess.CalledProcessError,
+        ) as exc:
+            failures["restore"] = str(exc)
+            click.echo(f"restore failed: {exc}", err=True)
+            restore = {}
+        data["restore"] = {str(n): v for n, v in restore.items()}
     data["machine"]["load_average_at_end"] = os.getloadavg()
     data["seconds"] = time.perf_counter() - started
     data["targets"] = verdicts(data)

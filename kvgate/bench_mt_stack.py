@@ -25,6 +25,8 @@ from kvgate.services.ports import free_port
 from kvgate.services.postgres import embedded_postgres
 from kvgate.services.seaweed import S3Endpoint, seaweed_s3
 from kvgate.stack import PartError, Ready
+
+__all__ = ["PartError"]  # raised by every start here; callers catch it from this module
 from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
 from migrations import runner
 
