@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import click
 
 from kvgate.settings import load_settings
@@ -46,11 +52,40 @@ def up() -> None:
     written through); the embedded PostgreSQL is stopped with `pg_ctl stop` unless
     another kvgate process still uses it. Exit status: 0 after a requested
     stop; 1 when a part failed to start or died, with a message naming the part.
+    Only one `kvgate up` may run per KVGATE_HOME ($KVGATE_HOME/up.lock).
     `kvgate config` shows the settings in effect.
     """
     settings = load_settings()
-    stack = Stack(stack_parts(settings), ready_timeout=settings.ready_timeout, echo=_out)
-    raise SystemExit(run(stack, echo=_out, echo_err=_err))
+    with _one_stack_per_home(settings.home.absolute()):
+        stack = Stack(stack_parts(settings), ready_timeout=settings.ready_timeout, echo=_out)
+        code = run(stack, echo=_out, echo_err=_err)
+    raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def _one_stack_per_home(home: Path) -> Iterator[None]:
+    """Hold ``$KVGATE_HOME/up.lock`` while the stack runs.
+
+    Two stacks on one home would run two SeaweedFS servers on one data directory. The
+    kernel drops the lock when this process exits, however it exits, and children do not
+    inherit it.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    lock_path = home / "up.lock"
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise click.ClickException(
+                f"another `kvgate up` (pid {holder}) is running on {home}; stop it first, "
+                "or set KVGATE_HOME to another directory"
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def _out(line: str) -> None:

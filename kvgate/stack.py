@@ -167,17 +167,16 @@ class Stack:
 
 
 @contextmanager
-def stop_on_signals(event: threading.Event, echo: Echo) -> Iterator[None]:
+def stop_on_signals(event: threading.Event) -> Iterator[None]:
     """While inside, SIGINT and SIGTERM set ``event`` instead of interrupting the code.
 
     The supervisor then finishes the step it is in and stops in order, rather than being
-    torn out of a half-done start with children left running. Repeated signals only say
-    that a stop is under way.
+    torn out of a half-done start with children left running. Repeated signals change
+    nothing. The handler only sets the event: printing from it could interrupt a print
+    in progress and fail with a reentrant-write error in the middle of stopping.
     """
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        if event.is_set():
-            echo(f"already stopping ({signal.Signals(signum).name} ignored)")
+    def handler(_signum: int, _frame: FrameType | None) -> None:
         event.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -194,7 +193,7 @@ def run(stack: Stack, echo: Echo, echo_err: Echo) -> int:
     0 after a requested stop, 1 when a part failed to start or died. Every started part
     is stopped before this returns.
     """
-    with stop_on_signals(stack.stop_requested, echo):
+    with stop_on_signals(stack.stop_requested):
         try:
             stack.start()
             echo("stack is up; Ctrl-C or SIGTERM stops it")

@@ -113,6 +113,16 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
         assert processes_referencing(home), "expected postgres and weed running from KVGATE_HOME"
 
+        second = subprocess.run(
+            [sys.executable, "-m", "kvgate", "up"],
+            env=kvgate_env(home),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1
+        assert f"another `kvgate up` (pid {proc.pid}) is running on {home}" in second.stderr
+
         # a second process attaches to the same embedded server
         status = subprocess.run(
             [sys.executable, "-m", "kvgate", "migrate", "--status"],
