@@ -205,3 +205,8 @@ async def test_every_request_leaves_one_usage_row(rig: Rig, pg_pool: asyncpg.Poo
         "SELECT requests, completion_tokens FROM usage_daily WHERE team_id = $1", team_id
     )
     assert tuple(daily) == (2, 10)
+    # The daily quota was charged the reservation at admission and settled to the truth.
+    spent = await pg_pool.fetchval(
+        "SELECT used FROM rate_daily WHERE subject = $1", f"team:{team_id}"
+    )
+    assert spent == sum(r["prompt_tokens"] + r["completion_tokens"] for r in found)

@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pgserver
-from gateway_support import apoll, gateway_process, poll, stub_upstream, unique
+from gateway_support import apoll, gateway_process, poll, stub_upstream, team_key, unique
 
-from gateway import accounts
+from gateway import accounts, keys
 from kvgate.services.postgres import embedded_postgres
 from migrations import runner
 from protocol import registry
@@ -74,6 +74,13 @@ async def test_usage_survives_a_postgres_restart_exactly_once(tmp_path: Path) ->
                 )
                 during = len(done)
                 poll(lambda: len(done) >= during + 10, what="traffic during the outage")
+                # Keys seen before keep working (above); a key never seen cannot be checked.
+                unknown = httpx.post(
+                    url + "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {keys.mint().secret}"},
+                    json={"model": model, "messages": [{"role": "user", "content": "x"}]},
+                )
+                assert unknown.status_code == 503, unknown.text
                 server.ensure_postgres_running()
                 after = len(done)
                 poll(lambda: len(done) >= after + 10, what="traffic after the outage")
@@ -98,3 +105,27 @@ async def test_usage_survives_a_postgres_restart_exactly_once(tmp_path: Path) ->
                 assert daily == len(ids)
             finally:
                 await conn.close()
+
+
+async def test_buffered_usage_is_written_at_shutdown(pg_dsn: str, pg_pool: asyncpg.Pool) -> None:
+    model, worker = unique("m-shutdown"), unique("w-shutdown")
+    team_id, key = await team_key(pg_pool)
+    with stub_upstream(worker) as (upstream, _):
+        await registry.register(pg_pool, worker, upstream, model, 8)
+        # The longest flush interval allowed: the row is still in memory at shutdown.
+        with gateway_process(pg_dsn, KVGATE_GATEWAY_USAGE_FLUSH_S="1") as (url, proc):
+            response = httpx.post(
+                url + "/v1/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"model": model, "prompt": "hi", "max_tokens": 2},
+            )
+            assert response.status_code == 200
+            proc.terminate()
+            # uvicorn shuts down gracefully, then re-raises SIGTERM: -15 is a clean exit.
+            assert proc.wait(timeout=30) in (0, -15)
+        await registry.deregister(pg_pool, worker)
+    row = await pg_pool.fetchrow(
+        "SELECT team_id, completion_tokens FROM usage WHERE request_id = $1",
+        response.headers["x-request-id"],
+    )
+    assert row is not None and tuple(row) == (team_id, 2)
