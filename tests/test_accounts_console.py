@@ -73,7 +73,9 @@ async def test_revoke_stops_the_key_and_marks_it_in_the_list(
         page = f"/console/teams/{account.team_id}/keys"
         token = await form_token(client, page)
         created = await client.post(page, data={"csrf_token": token, "name": "temp"})
-        secret = _SECRET.search(created.text).group(1)  # type: ignore[union-attr]
+        match = _SECRET.search(created.text)
+        assert match, created.text
+        secret = match.group(1)
         key_id = await pg_pool.fetchval(
             "SELECT id FROM api_keys WHERE key_hash = $1", keys.hash_key(secret)
         )

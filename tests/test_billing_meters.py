@@ -190,12 +190,12 @@ def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
 
     # Usage Stripe never heard of shows up as a difference, with a non-zero exit.
     async def late() -> None:
-        conn = await asyncpg.connect(pg_dsn)
+        pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
         try:
             day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=1)
-            await _use(conn, team_id, day, prompt=10, cached=0, out=0)  # type: ignore[arg-type]
+            await _use(pool, team_id, day, prompt=10, cached=0, out=0)
         finally:
-            await conn.close()
+            await pool.close()
 
     asyncio.run(late())
     differs = runner.invoke(billing, ["reconcile"], obj=obj)

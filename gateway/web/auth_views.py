@@ -13,12 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from gateway.web import passwords, sessions, throttle, tokens, users
 from gateway.web.mailer import Email
-from gateway.web.site import Site, safe_next
-
-
-def _field(form: object, name: str) -> str:
-    value = form.get(name)  # type: ignore[attr-defined]
-    return value.strip() if isinstance(value, str) else ""
+from gateway.web.site import Site, safe_next, text_field
 
 
 class AuthViews:
@@ -35,10 +30,9 @@ class AuthViews:
     async def signup(self, request: Request) -> Response:
         """``POST /signup``: create the user and team, send the verification link."""
         form = await request.form()
-        email = users.normalize_email(_field(form, "email"))
-        team = _field(form, "team")
-        password = form.get("password")
-        password = password if isinstance(password, str) else ""
+        email = users.normalize_email(text_field(form, "email"))
+        team = text_field(form, "team")
+        password = text_field(form, "password", strip=False)
         error = None
         if "@" not in email or len(email) > 254:
             error = "Enter a valid email address."
@@ -106,10 +100,9 @@ class AuthViews:
         """``POST /login``: throttled password check, then a new session."""
         site = self.site
         form = await request.form()
-        email = users.normalize_email(_field(form, "email"))
-        nxt = safe_next(_field(form, "next"))
-        password = form.get("password")
-        password = password if isinstance(password, str) else ""
+        email = users.normalize_email(text_field(form, "email"))
+        nxt = safe_next(text_field(form, "next"))
+        password = text_field(form, "password", strip=False)
         wait = await throttle.seconds_to_wait(site.db, email, site.config.login_free_failures)
         if wait > 0:
             response = site.render(
@@ -156,7 +149,7 @@ class AuthViews:
     async def forgot(self, request: Request) -> Response:
         """``POST /password/forgot``: mail a reset link if the account exists."""
         site = self.site
-        email = users.normalize_email(_field(await request.form(), "email"))
+        email = users.normalize_email(text_field(await request.form(), "email"))
         found = await users.credentials(site.db, email)
         if found is not None:
             token = await tokens.issue(
@@ -193,9 +186,8 @@ class AuthViews:
         """``POST /password/reset``: set the password, end old sessions, sign in."""
         site = self.site
         form = await request.form()
-        token = _field(form, "token")
-        password = form.get("password")
-        password = password if isinstance(password, str) else ""
+        token = text_field(form, "token")
+        password = text_field(form, "password", strip=False)
         try:
             passwords.check_strength(password)
         except passwords.WeakPassword as exc:

@@ -15,7 +15,7 @@ from starlette.responses import RedirectResponse, Response
 
 from gateway.billing import checkout
 from gateway.web import users
-from gateway.web.site import Site
+from gateway.web.site import Site, text_field
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class BillingViews:
         client = await self._client(request)
         if isinstance(client, Response):
             return client
-        plan = (await request.form()).get("plan")
+        plan = text_field(await request.form(), "plan")
         try:
             url = await checkout.checkout_url(
                 site.db,
@@ -78,7 +78,7 @@ class BillingViews:
                 team_id=team.team_id,
                 team_name=team.team,
                 email=user.email,
-                plan=plan if isinstance(plan, str) else "",
+                plan=plan,
                 return_url=site.link(f"/console/teams/{team.team_id}/billing"),
             )
         except checkout.CheckoutError as exc:

@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway import accounts
 from gateway.web import users
 from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.web.site import Site, text_field
 from gateway.web.users import Membership
 
 
@@ -98,8 +98,7 @@ class KeyViews:
     async def create(self, request: Request) -> Response:
         """``POST /console/teams/{id}/keys``: mint a key and show its secret this once."""
         user, team = await self.site.member(request)
-        name = (await request.form()).get("name")
-        name = name.strip()[:80] if isinstance(name, str) else ""
+        name = text_field(await request.form(), "name")[:80]
         _, secret = await accounts.create_key(self.site.db, team.team, name)
         return await self._page(request, user, team, secret=secret, status=201)
 

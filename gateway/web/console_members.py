@@ -14,7 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway.web import tokens, users
 from gateway.web.mailer import Email
 from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.web.site import Site, text_field
 from gateway.web.users import Membership
 
 
@@ -57,8 +57,7 @@ class MemberViews:
         """``POST /console/teams/{id}/members/invite`` (owners): email an invitation."""
         site = self.site
         user, team = await site.member(request, owner=True)
-        email = (await request.form()).get("email")
-        email = users.normalize_email(email) if isinstance(email, str) else ""
+        email = users.normalize_email(text_field(await request.form(), "email"))
         if "@" not in email or len(email) > 254:
             return await self._page(
                 request, user, team, error="Enter the email address to invite.", status=400
@@ -108,11 +107,11 @@ class MemberViews:
         """``POST /invite``: join the team of a valid invitation for this user's email."""
         site = self.site
         user = await site.user(request)
-        token = (await request.form()).get("token")
-        found = await tokens.peek(site.db, "invite", token if isinstance(token, str) else "")
+        token = text_field(await request.form(), "token")
+        found = await tokens.peek(site.db, "invite", token)
         if found is None or found.team_id is None or found.email != user.email:
             return self._invalid(request, user)
-        if await tokens.consume(site.db, "invite", str(token)) is None:
+        if await tokens.consume(site.db, "invite", token) is None:
             return self._invalid(request, user)
         await users.add_member(site.db, user.id, found.team_id, "member")
         return RedirectResponse(f"/console/teams/{found.team_id}/keys", status_code=303)

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import asyncpg
 import jinja2
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -106,6 +107,14 @@ def login_redirect(request: Request) -> Response:
     if request.method != "GET":
         target = "/console"
     return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def text_field(form: FormData, name: str, *, strip: bool = True) -> str:
+    """Form field ``name`` as text ("" when absent or a file); passwords keep their spaces."""
+    value = form.get(name)
+    if not isinstance(value, str):
+        return ""
+    return value.strip() if strip else value
 
 
 def safe_next(value: str | None) -> str:
