@@ -65,8 +65,9 @@ class SGLangBackendOptions:
     #: bytes of pages kept in this process while they wait to be written to the NAS
     #: (SGLang's own host pool is the real L2; this is only the write-behind staging)
     host_bytes: int = 256 << 20
-    #: pages waiting for the NAS beyond which new writes are dropped (and counted)
-    write_queue_pages: int = 4096
+    #: pages waiting for the NAS beyond which new writes are dropped (and counted); each
+    #: queued page holds its bytes (8 MiB for an 8B model at 64 tokens), so this bounds RAM
+    write_queue_pages: int = 256
     #: seconds one existence query may take before it answers "not present"
     exists_deadline_s: float = 0.5
     #: seconds one batch read may take; pages not read by then are misses
