@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx
 import psutil
 import pytest
 from foundation_support import gone
 
 from kvgate.services.ports import free_port
+from kvgate.services.seaweed import S3Endpoint, ensure_bucket
 from kvgate.settings import Settings
 from kvgate.stack import PartError, Ready, Stack, StackFailure, StopRequested
-from kvgate.stack_parts import NasPart, http_service, logging_service
+from kvgate.stack_parts import (
+    ExternalS3Part,
+    MigrationsPart,
+    NasPart,
+    PostgresPart,
+    http_service,
+    logging_service,
+)
 from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
+from migrations import runner
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -213,3 +226,42 @@ def test_children_get_sigterm_when_the_supervisor_is_killed(tmp_path: Path) -> N
         proc.kill()  # no chance to clean up: the kernel must tell the child
         proc.wait()
     assert gone(child), "the child outlived its SIGKILLed supervisor"
+
+
+async def test_external_postgres_and_s3_are_probed_migrated_and_exported(
+    pg_dsn: str, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    name = f"upext_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    url = urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{name}"))
+    bucket = f"up-{uuid.uuid4().hex[:8]}"
+    lines: list[str] = []
+    parts = [
+        PostgresPart(url, tmp_path / "unused-pg"),
+        MigrationsPart(),
+        ExternalS3Part(s3_server, bucket),
+    ]
+    stack = Stack(parts, ready_timeout=30, echo=lines.append)
+    try:
+        env = await asyncio.to_thread(stack.start)
+    finally:
+        stack.stop()
+    total = len(runner.discover())
+    assert lines[:3] == [
+        f"ready  postgres  {url}",
+        f"ready  migrations  {total} applied ({total} just now)",
+        f"ready  s3  {s3_server.url} bucket={bucket}",
+    ]
+    assert env["DATABASE_URL"] == url and env["KVGATE_S3_BUCKET"] == bucket
+    assert env["KVGATE_S3_ENDPOINT"] == s3_server.url
+    assert not (tmp_path / "unused-pg").exists(), "an external Postgres needs no local server"
+    conn = await asyncpg.connect(url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == total
+    finally:
+        await conn.close()
+    ensure_bucket(s3_server, bucket)  # exists now: idempotent, no error
