@@ -66,7 +66,7 @@ class StopRequested(Exception):
 
 @dataclass(frozen=True)
 class StackFailure(Exception):
-    """A part failed to start or died while running; the stack has been stopped."""
+    """A part failed to start or died while running; names the part and the cause."""
 
     part: str
     cause: str
@@ -116,9 +116,8 @@ class Stack:
                 raise
             except PartError as exc:
                 raise StackFailure(part.name, str(exc)) from exc
-            except (
-                Exception
-            ) as exc:  # a library error while starting: name the part, keep the cause
+            except Exception as exc:
+                # a library error while starting (initdb failing, say): name the part, keep the cause
                 raise StackFailure(part.name, f"{type(exc).__name__}: {exc}") from exc
             env.update(ready.exports)
             self._echo(f"ready  {part.name}  {ready.address}")
