@@ -83,6 +83,7 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(self.directory.run()),
             asyncio.create_task(self.usage.run()),
+            asyncio.create_task(self.limiter.run()),
         ]
         try:
             yield
@@ -91,6 +92,7 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.usage.close(deadline_s=10)
+            await self.limiter.flush_releases()
             await self.upstream.close()
             await self.pool.close()
 
@@ -337,7 +339,7 @@ class _Call:
         gw.metrics.tokens.labels("prompt").inc(out.prompt_tokens)
         gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
         gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
-        await gw.limiter.release(self.decision.lease)
+        gw.limiter.release(self.decision.lease)
 
 
 def _refusal(decision: Decision, who: Principal) -> str:
