@@ -261,7 +261,7 @@ class TieredStore:
             out.blocks.append(block)
             out.tiers.append(tier)
             if tier != "host":
-                self.host.put_now(block)  # promotion: the next turn finds it in RAM
+                self.host.put_now(block, owned=True)  # promotion: the next turn finds it in RAM
         for tier, n in Counter(out.tiers).items():
             self.counters[f"hit_{tier}"] += n
         self.counters["miss"] += len(keys) - len(out.blocks)

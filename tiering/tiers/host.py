@@ -46,14 +46,20 @@ class HostTier:
         self._stats.bytes_read += block.nbytes
         return block
 
-    def put_now(self, block: Block) -> None:
-        """Copy ``block`` in, evicting least-recently-used blocks to stay within budget."""
+    def put_now(self, block: Block, *, owned: bool = False) -> None:
+        """Copy ``block`` in, evicting least-recently-used blocks to stay within budget.
+
+        ``owned`` says the payload is a private buffer nobody will write again (a block
+        just read from a lower tier): it is kept as is unless a custom copy (pinned
+        memory) is configured, saving a copy of every promoted page.
+        """
         if block.nbytes > self.budget_bytes:
             return  # could never fit; keeping it would evict everything for nothing
         self._drop(block.key)
         while self._blocks and self._stats.used_bytes + block.nbytes > self.budget_bytes:
             self._drop(next(iter(self._blocks)))
-        payload = self._copy_in(block.payload)
+        keep = owned and self._copy_in is _copy_to_bytes
+        payload = block.payload if keep else self._copy_in(block.payload)
         self._blocks[block.key] = Block(
             block.key, block.namespace, block.dtype, block.shape, payload
         )
