@@ -35,7 +35,7 @@ class PrefillRows:
     n: int
     #: pool slots of positions ``0 .. start + n - 1``
     ctx_slots: torch.Tensor
-    #: ``[n, ctx]`` True where attention is allowed; None when causal from position 0
+    #: ``[n, ctx]`` additive mask (0 or -inf); None when causal from position 0
     mask: torch.Tensor | None
 
 
@@ -49,7 +49,8 @@ class ForwardBatch:
     prefill: list[PrefillRows]
     decode_row: int  # rows [decode_row, T) are single-token sequences
     decode_slots: torch.Tensor | None  # [B, ctx_max] pool slots, padded
-    decode_mask: torch.Tensor | None  # [B, 1, 1, ctx_max] True for real positions
+    #: ``[B, 1, 1, ctx_max]`` additive mask hiding the padding; None when there is none
+    decode_mask: torch.Tensor | None
     logit_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
 
     @property
@@ -63,9 +64,22 @@ def _slots(pages: Sequence[int], n: int, page_size: int, offsets: torch.Tensor) 
 
 
 def build_batch(
-    chunks: Sequence[SeqChunk], *, page_size: int, device: torch.device
+    chunks: Sequence[SeqChunk],
+    *,
+    page_size: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[ForwardBatch, list[int]]:
-    """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first)."""
+    """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first).
+
+    Masks are additive, in the model's ``dtype``: attention would otherwise convert a
+    boolean mask in every layer.
+    """
+
+    def additive(allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        return mask.to(device)
+
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
     offsets = torch.arange(page_size)
     ids: list[int] = []
@@ -91,25 +105,21 @@ def build_batch(
         writes.append(ctx[c.start :])
         mask = None
         if c.start:  # query i (at position start + i) sees keys 0 .. start + i
-            mask = (torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]).to(device)
+            mask = additive(torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None])
         prefill.append(PrefillRows(row, n, ctx.to(device), mask))
     decode_row = len(ids) - len(decode)
     decode_slots = decode_mask = None
     if decode:
         ctx_max = max(chunks[i].start + 1 for i in decode)
         width = -(-ctx_max // page_size)
-        table = torch.zeros(len(decode), width, dtype=torch.long)
-        lens = torch.empty(len(decode), dtype=torch.long)
-        for j, i in enumerate(decode):
-            c = chunks[i]
-            p = c.pages[:width]
-            table[j, : len(p)] = torch.tensor(p)
-            lens[j] = c.start + 1
+        rows = [list(chunks[i].pages[:width]) for i in decode]
+        table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+        lens = torch.tensor([chunks[i].start + 1 for i in decode], dtype=torch.long)
         slots = (table[:, :, None] * page_size + offsets).view(len(decode), -1)[:, :ctx_max]
         writes.append(slots[torch.arange(len(decode)), lens - 1])
-        decode_mask = (torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None, :]
+        if bool((lens < ctx_max).any()):
+            decode_mask = additive(torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None]
         decode_slots = slots.contiguous().to(device)
-        decode_mask = decode_mask.to(device)
     batch = ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).to(device),
         positions=torch.cat(positions).to(device),

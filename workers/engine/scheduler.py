@@ -300,7 +300,9 @@ class Scheduler:
                 )
             )
             reqs.append(req)
-        batch, order = build_batch(chunks, page_size=self.page_size, device=self.model.device)
+        batch, order = build_batch(
+            chunks, page_size=self.page_size, device=self.model.device, dtype=self.model.dtype
+        )
         logits = self.model.forward(batch, self.pool)
         wanting = [i for i in order if chunks[i].want_logits]
         picks = sample(
