@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import astuple, dataclass, fields
 from datetime import datetime
+from typing import NamedTuple
 
 import asyncpg
 
@@ -25,9 +25,8 @@ log = logging.getLogger(__name__)
 _BATCH_MAX = 5000
 
 
-@dataclass(frozen=True)
-class UsageRow:
-    """What one request cost and how it went."""
+class UsageRow(NamedTuple):
+    """What one request cost and how it went (a tuple: batches go to asyncpg as columns)."""
 
     request_id: str
     ts: datetime
@@ -46,7 +45,7 @@ class UsageRow:
     status: int
 
 
-_COLUMNS = [f.name for f in fields(UsageRow)]
+_COLUMNS = list(UsageRow._fields)
 _TYPES = [
     "text", "timestamptz", "bigint", "bigint", "inet", "text", "text", "text",
     "integer", "integer", "integer", "integer", "real", "real", "smallint",
@@ -108,7 +107,7 @@ class UsageRecorder:
         while self._buffer:
             # Take the batch out first: record() may drop from the buffer meanwhile.
             batch = [self._buffer.popleft() for _ in range(min(len(self._buffer), _BATCH_MAX))]
-            columns = list(zip(*(astuple(r) for r in batch), strict=True))
+            columns = list(zip(*batch, strict=True))
             try:
                 await self._pool.execute(_INSERT, *columns, timeout=30)
             except BaseException:
