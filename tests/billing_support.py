@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -54,12 +55,22 @@ def signed(body: dict[str, Any], secret: str = WEBHOOK_SECRET) -> tuple[bytes, d
     return payload.encode(), {"stripe-signature": header, "content-type": "application/json"}
 
 
-async def paying_team(pool: asyncpg.Pool, plan: str = "free") -> tuple[int, str, str]:
-    """A team on ``plan`` with a key and a Stripe customer: (team id, key secret, customer)."""
+async def paying_team(
+    pool: asyncpg.Pool, plan: str = "free", paid_since: datetime | None = None
+) -> tuple[int, str, str]:
+    """A team on ``plan`` with a key and a Stripe customer: (team id, key secret, customer).
+
+    With ``paid_since`` the team has been on a paid subscription since then (its usage
+    from then on is billable).
+    """
     team = await accounts.create_team(pool, f"team-{uuid.uuid4().hex[:10]}", plan)
     _, secret = await accounts.create_key(pool, team.name)
     customer = f"cus_test_{uuid.uuid4().hex[:14]}"
     await pool.execute(
         "INSERT INTO stripe_customers (team_id, customer_id) VALUES ($1, $2)", team.id, customer
     )
+    if paid_since is not None:
+        await pool.execute(
+            "INSERT INTO billing_periods (team_id, started_at) VALUES ($1, $2)", team.id, paid_since
+        )
     return team.id, secret, customer

@@ -31,6 +31,8 @@ METER_IDS = {
     "output_tokens": "mtr_test_output",
 }
 EVENT_PATH = "/v1/billing/meter_events"
+#: Start of the test teams' paid subscriptions: before any day these tests use.
+_LONG_AGO = datetime.now(UTC) - timedelta(days=60)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +45,17 @@ def _config() -> BillingConfig:
 
 
 async def _use(
-    pool: asyncpg.Pool, team_id: int, day: date, prompt: int, cached: int, out: int
+    pool: asyncpg.Pool,
+    team_id: int,
+    day: date,
+    prompt: int,
+    cached: int,
+    out: int,
+    at: time = time(15, 30),
 ) -> None:
-    """One request's usage on ``day``, written by the gateway's own recorder."""
+    """One request's usage at ``at`` on ``day``, written by the gateway's own recorder."""
     recorder = UsageRecorder(pool, flush_s=60, buffer_max=10)
-    ts = datetime.combine(day, time(15, 30), UTC)
+    ts = datetime.combine(day, at, UTC)
     recorder.record(
         UsageRow(
             f"req-{uuid.uuid4().hex}",
@@ -92,7 +100,7 @@ async def test_identifier_is_stable_per_team_meter_and_day() -> None:
 async def test_reporting_twice_for_the_same_period_sends_identical_identifiers(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, customer = await paying_team(pg_pool, "team")
+    team_id, _, customer = await paying_team(pg_pool, "team", _LONG_AGO)
     now = datetime.now(UTC)
     day = meters.last_closed_day(now) - timedelta(days=2)
     await _use(pg_pool, team_id, day, prompt=100, cached=40, out=7)
@@ -139,7 +147,7 @@ async def test_reporting_twice_for_the_same_period_sends_identical_identifiers(
 async def test_reconcile_finds_a_day_stripe_does_not_have(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, _ = await paying_team(pg_pool, "team")
+    team_id, _, _ = await paying_team(pg_pool, "team", _LONG_AGO)
     now = datetime.now(UTC)
     client = stripe_client(_config(), stripe_account)
     day = meters.last_closed_day(now) - timedelta(days=4)
@@ -156,6 +164,39 @@ async def test_reconcile_finds_a_day_stripe_does_not_have(
     assert [d for d in after.differences if d.team_id == team_id] == []
 
 
+async def test_only_usage_inside_a_paid_subscription_is_billed(pg_pool: asyncpg.Pool) -> None:
+    team_id, _, _ = await paying_team(pg_pool)
+    first = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=8)
+    second, third, fourth = (first + timedelta(days=n) for n in (1, 2, 3))
+    # Paid from `first` 12:00 to `third` 10:00 UTC.
+    await pg_pool.execute(
+        "INSERT INTO billing_periods (team_id, started_at, ended_at) VALUES ($1, $2, $3)",
+        team_id,
+        datetime.combine(first, time(12), UTC),
+        datetime.combine(third, time(10), UTC),
+    )
+    await _use(pg_pool, team_id, first, 1000, 0, 0, at=time(11))  # free: before the upgrade
+    await _use(pg_pool, team_id, first, 100, 10, 1, at=time(13))
+    await _use(pg_pool, team_id, second, 200, 20, 2, at=time(1))
+    await _use(pg_pool, team_id, second, 300, 30, 3, at=time(23))
+    await _use(pg_pool, team_id, third, 400, 40, 4, at=time(9))
+    await _use(pg_pool, team_id, third, 5000, 0, 0, at=time(11))  # free: after it ended
+    await _use(pg_pool, team_id, fourth, 6000, 0, 0)  # free
+    totals = await meters.local_totals(pg_pool, first - timedelta(days=1), fourth)
+    mine = {(p.day, p.meter): p.value for p in totals if p.team_id == team_id}
+    assert mine == {
+        (first, "input_tokens"): 90,
+        (first, "cached_input_tokens"): 10,
+        (first, "output_tokens"): 1,
+        (second, "input_tokens"): 450,
+        (second, "cached_input_tokens"): 50,
+        (second, "output_tokens"): 5,
+        (third, "input_tokens"): 360,
+        (third, "cached_input_tokens"): 40,
+        (third, "output_tokens"): 4,
+    }
+
+
 @pytest.fixture
 def billing_env(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("DATABASE_URL", pg_dsn)
@@ -170,7 +211,7 @@ def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
     async def setup() -> int:
         pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
         try:
-            team_id, _, _ = await paying_team(pool, "team")
+            team_id, _, _ = await paying_team(pool, "team", _LONG_AGO)
             day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=1)
             await _use(pool, team_id, day, prompt=1000, cached=600, out=250)
             return team_id
@@ -181,9 +222,13 @@ def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
     stripe_account.fail_next[EVENT_PATH] = 1
     runner = CliRunner()
     obj = {"stripe_http_client": stripe_account}
+    before = len(stripe_account.calls(EVENT_PATH))
     reported = runner.invoke(billing, ["report"], obj=obj)
     assert reported.exit_code == 0, reported.output
-    assert _for_team(stripe_account.calls(EVENT_PATH), team_id)[0].status == 500
+    run = stripe_account.calls(EVENT_PATH)[before:]
+    (failed,) = [c for c in run if c.status == 500]
+    assert [c.status for c in run if c.params == failed.params] == [500, 200]
+    assert len(_for_team(run, team_id)) >= 3
     checked = runner.invoke(billing, ["reconcile"], obj=obj)
     assert checked.exit_code == 0, checked.output
     assert ": 0 differences" in checked.output

@@ -96,6 +96,11 @@ async def test_same_event_twice_changes_state_once(
     again = await hook.post(WEBHOOK_PATH, content=(s := signed(upgrade))[0], headers=s[1])
     assert again.status_code == 200 and again.json()["duplicate"] is True
     assert await _plan(pg_pool, team_id) == "free"
+    # One paid period, opened by the upgrade and closed by the end: billing stops there.
+    periods = await pg_pool.fetch(
+        "SELECT ended_at FROM billing_periods WHERE team_id = $1", team_id
+    )
+    assert len(periods) == 1 and periods[0]["ended_at"] is not None
     count = await pg_pool.fetchval(
         "SELECT count(*) FROM stripe_events WHERE event_id = $1", upgrade["id"]
     )

@@ -19,11 +19,11 @@ import stripe
 
 log = logging.getLogger(__name__)
 
-#: meter name -> (Stripe event name, the usage_daily expression it sums)
+#: meter name -> (Stripe event name, what it sums over usage / usage_daily rows ``t``)
 METERS: dict[str, tuple[str, str]] = {
-    "input_tokens": ("kvgate_input_tokens", "prompt_tokens - cached_tokens"),
-    "cached_input_tokens": ("kvgate_cached_input_tokens", "cached_tokens"),
-    "output_tokens": ("kvgate_output_tokens", "completion_tokens"),
+    "input_tokens": ("kvgate_input_tokens", "{t}.prompt_tokens - {t}.cached_tokens"),
+    "cached_input_tokens": ("kvgate_cached_input_tokens", "{t}.cached_tokens"),
+    "output_tokens": ("kvgate_output_tokens", "{t}.completion_tokens"),
 }
 #: Stripe accepts meter events up to 35 days old; stay inside that.
 MAX_AGE_DAYS = 30
@@ -71,19 +71,51 @@ class ReportResult:
     failed: dict[str, str] = field(default_factory=dict)
 
 
+# Which tokens are billed: those used inside a paid period (billing_periods). Days wholly
+# inside a period come from the daily roll-up; only the day a period starts or ends (where
+# the roll-up cannot tell paid hours from free ones) is summed from the usage rows. The two
+# conditions are exact complements, so no token is counted twice.
+_DAY_START = "(d.day::timestamp AT TIME ZONE 'UTC')"
+_DAY_END = "((d.day + 1)::timestamp AT TIME ZONE 'UTC')"
+_ROW_DAY = "(u.ts AT TIME ZONE 'UTC')::date"
+_ROW_DAY_START = f"({_ROW_DAY}::timestamp AT TIME ZONE 'UTC')"
+_ROW_DAY_END = f"(({_ROW_DAY} + 1)::timestamp AT TIME ZONE 'UTC')"
+
+
+def _sums(alias: str) -> str:
+    return ", ".join(f"sum({expr.format(t=alias)})::bigint" for _, expr in METERS.values())
+
+
+_TOTALS = f"""
+WITH p AS (
+    SELECT b.team_id, c.customer_id, b.started_at,
+           coalesce(b.ended_at, 'infinity'::timestamptz) AS ended_at
+    FROM billing_periods b JOIN stripe_customers c ON c.team_id = b.team_id
+), whole AS (
+    SELECT p.team_id, p.customer_id, d.day, {_sums("d")}
+    FROM p JOIN usage_daily d ON d.team_id = p.team_id
+         AND {_DAY_START} >= p.started_at AND {_DAY_END} <= p.ended_at
+    WHERE d.day BETWEEN $1 AND $2
+    GROUP BY 1, 2, 3
+), edge AS (
+    SELECT p.team_id, p.customer_id, {_ROW_DAY} AS day, {_sums("u")}
+    FROM p JOIN usage u ON u.team_id = p.team_id
+         AND u.ts >= p.started_at AND u.ts < p.ended_at
+         AND NOT ({_ROW_DAY_START} >= p.started_at AND {_ROW_DAY_END} <= p.ended_at)
+    WHERE u.ts >= ($1::date::timestamp AT TIME ZONE 'UTC')
+      AND u.ts < (($2::date + 1)::timestamp AT TIME ZONE 'UTC')
+    GROUP BY 1, 2, 3
+)
+SELECT team_id, customer_id, day, {", ".join(f"sum(m{i})::bigint" for i in range(len(METERS)))}
+FROM (SELECT * FROM whole UNION ALL SELECT * FROM edge) AS t (team_id, customer_id, day,
+      {", ".join(f"m{i}" for i in range(len(METERS)))})
+GROUP BY 1, 2, 3 ORDER BY 3, 1
+"""
+
+
 async def local_totals(db: Any, since: date, through: date) -> list[Period]:
-    """Per team (with a Stripe customer), meter and day: the tokens used, from usage_daily."""
-    sums = ", ".join(f"sum({expr})::bigint" for _, expr in METERS.values())
-    rows = await db.fetch(
-        f"""
-        SELECT d.team_id, c.customer_id, d.day, {sums}
-        FROM usage_daily d JOIN stripe_customers c ON c.team_id = d.team_id
-        WHERE d.day BETWEEN $1 AND $2 GROUP BY d.team_id, c.customer_id, d.day
-        ORDER BY d.day, d.team_id
-        """,
-        since,
-        through,
-    )
+    """Per paying team, meter and day: the tokens used while on a paid subscription."""
+    rows = await db.fetch(_TOTALS, since, through)
     return [
         Period(r[0], r[1], meter, r[2], int(r[3 + i]))
         for r in rows

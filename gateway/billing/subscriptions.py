@@ -146,6 +146,9 @@ async def expire_grace(db: Any) -> list[int]:
         WITH lapsed AS (
             UPDATE stripe_customers SET state = 'lapsed'
             WHERE state = 'grace' AND grace_until <= now() RETURNING team_id
+        ), closed AS (
+            UPDATE billing_periods b SET ended_at = now() FROM lapsed l
+            WHERE b.team_id = l.team_id AND b.ended_at IS NULL
         )
         UPDATE teams t SET plan = $1 FROM lapsed l WHERE t.id = l.team_id RETURNING t.id
         """,
@@ -161,3 +164,15 @@ async def _set(db: Any, team_id: int, plan: str, state: str) -> None:
         team_id,
         state,
     )
+    # Metered usage is billed only while a period is open (see gateway.billing.meters).
+    if state == "active":
+        await db.execute(
+            "INSERT INTO billing_periods (team_id) VALUES ($1) "
+            "ON CONFLICT (team_id) WHERE ended_at IS NULL DO NOTHING",
+            team_id,
+        )
+    else:
+        await db.execute(
+            "UPDATE billing_periods SET ended_at = now() WHERE team_id = $1 AND ended_at IS NULL",
+            team_id,
+        )
