@@ -191,13 +191,20 @@ async def relay(
         yield _error_event("The worker ended the stream early; retry the request.")
 
 
+def _has_usage(event: bytes) -> bool:
+    """Whether ``event`` may carry usage numbers (workers send ``"usage": null`` on every
+    token chunk once usage is asked for; those need no JSON parse)."""
+    count = event.count(b'"usage"')
+    return count > event.count(b'"usage":null') + event.count(b'"usage": null')
+
+
 def _filter(events: bytes, wants_usage: bool, outcome: Outcome) -> bytes:
     """Note usage in ``events`` and drop the usage-only event unless it was asked for."""
-    if b'"usage"' not in events:
+    if not _has_usage(events):
         return events
     kept = []
     for event in events.split(b"\n\n"):
-        if event.startswith(b"data: {") and b'"usage"' in event:
+        if event.startswith(b"data: {") and _has_usage(event):
             try:
                 data = orjson.loads(event[6:])
             except orjson.JSONDecodeError:

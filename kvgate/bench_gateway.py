@@ -195,7 +195,14 @@ def _report(figures: dict[str, float]) -> str:
         lines.append(f"| {name} | {figures[name]:.3f} | {better} {target} |")
     lines += ["", "Other figures:", ""]
     lines += [f"- {k}: {v:.3f}" for k, v in figures.items() if k not in TARGETS]
-    lines += ["", f"Measured on {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}.", ""]
+    lines += [
+        "",
+        f"Measured on {os.cpu_count()} CPU(s), Python {sys.version.split()[0]}, with a load",
+        f"average of {figures['load_avg_1m']:.1f} from other processes when it started: on a",
+        "shared machine every hop between the processes (client, gateway, Postgres, upstream)",
+        "waits for a CPU, so these figures are an upper bound on what the gateway costs.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -236,6 +243,7 @@ def bench_gateway(json_path: Path | None, count: int, seconds: float, concurrenc
 async def _measure(
     upstream: int, gateway: int, key: str, count: int, seconds: float, concurrency: int
 ) -> dict[str, float]:
+    load = os.getloadavg()[0]
     messages = [{"role": "user", "content": "Say hi."}]
     plain = {"model": _MODEL, "messages": messages, "max_tokens": 4}
     streamed = {**plain, "stream": True}
@@ -262,4 +270,5 @@ async def _measure(
         "gateway_p50_ms": _percentile(through, 0.5),
         "gateway_p99_ms": _percentile(through, 0.99),
         "rps_upstream_direct": rps_direct,
+        "load_avg_1m": load,
     }
