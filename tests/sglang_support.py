@@ -6,9 +6,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sglang_host_pool import MHAHostPoolReplica
 
 from kvgate.services.seaweed import S3Endpoint
+from tiering.sglang_host_pool import MHAHostPoolReplica, attach
 from tiering.sglang_options import (
     DATABASE_URL_ENV,
     S3_ACCESS_KEY_ENV,
@@ -60,27 +60,8 @@ def host_pool(layout: str = "page_first", pages: int = 32) -> MHAHostPoolReplica
 
 
 def create_backend(opts: SGLangBackendOptions, pool: MHAHostPoolReplica, *, tp_rank: int = 0):
-    """What SGLang's HiCacheController does on attach: factory ``dynamic`` path, then register."""
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    config = HiCacheStorageConfig(
-        tp_rank=tp_rank,
-        tp_size=2,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=True,
-        is_page_first_layout=pool.layout == "page_first",
-        model_name="org/test-model",
-        # SGLang hands the parsed JSON of --hicache-storage-backend-extra-config.
-        extra_config=opts.to_extra_config(),
-    )
-    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
-    backend.register_mem_pool_host(pool)
-    return backend
+    """A backend as SGLang attaches it, as rank ``tp_rank`` of 2."""
+    return attach(opts, pool, tp_rank=tp_rank, tp_size=2, model_name="org/test-model")
 
 
 def sglang_keys(n_pages: int, salt: str | None = None, first: int = 0) -> list[str]:

@@ -2,7 +2,7 @@
 
 The backend is created through SGLang's own ``StorageBackendFactory`` dynamic path and
 called with SGLang's own page keys, on CPU tensors laid out like SGLang's host pool
-(``sglang_host_pool.MHAHostPoolReplica``), against the real NAS directory, S3 server and
+(``tiering.sglang_host_pool.MHAHostPoolReplica``), against the real NAS directory, S3 server and
 Postgres ledger of the session.
 """
 
@@ -22,7 +22,6 @@ pytest.importorskip(
 )
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
-from sglang_host_pool import MHAHostPoolReplica
 from sglang_support import (
     PAGE,
     backend_env,
@@ -38,6 +37,7 @@ from kvgate.services.postgres import create_pool
 from kvgate.services.seaweed import S3Endpoint
 from tiering.ledger import NAS, OBJECT
 from tiering.sglang_backend import KvgateHiCacheStorage
+from tiering.sglang_host_pool import MHAHostPoolReplica
 from tiering.sglang_options import DATABASE_URL_ENV
 from tiering.tierd import Tierd, TierdConfig
 from tiering.tiers.nas import NasConfig, NasTier

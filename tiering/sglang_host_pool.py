@@ -7,11 +7,16 @@ import chain reaches ``torchvision``, and no torchvision build runs beside the C
 ``get_dummy_flat_data_page``, ``set_from_flat_data_page``, ``get_page_buffer_meta``,
 ``get_size_per_token``) for the ``page_first`` and ``layer_first`` layouts, with the same
 tensor shapes and pointer arithmetic, so the backend sees exactly the memory SGLang hands it.
+The tests and ``kvgate bench sglang`` drive the backend with it; SGLang never loads it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from tiering.sglang_options import SGLangBackendOptions
 
 
 class MHAHostPoolReplica:
@@ -122,3 +127,38 @@ class MHAHostPoolReplica:
                 self.layer_num * itemsize * self.page_size * self.head_num * self.head_dim
             )
         return ptr_list, [element_size] * len(ptr_list)
+
+
+def attach(
+    options: SGLangBackendOptions,
+    pool: MHAHostPoolReplica,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    model_name: str = "",
+) -> Any:
+    """What SGLang's HiCacheController does on attach: the factory's dynamic path, then register.
+
+    Returns what SGLang would hold: our backend, or SGLang's failure injector around it
+    when ``SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE`` is set.
+    """
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    config = HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=True,
+        is_page_first_layout=pool.layout == "page_first",
+        model_name=model_name,
+        # SGLang hands the parsed JSON of --hicache-storage-backend-extra-config.
+        extra_config=options.to_extra_config(),
+    )
+    backend = StorageBackendFactory.create_backend("dynamic", config, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
