@@ -12,7 +12,7 @@ from datetime import date
 from markupsafe import Markup, escape
 
 _W, _H = 640, 220
-_LEFT, _BOTTOM, _TOP = 56, 28, 12
+_LEFT, _RIGHT, _BOTTOM, _TOP = 56, 28, 28, 12
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,14 @@ def _short(n: float) -> str:
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
             return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
+    return f"{n:.3g}"
 
 
 def stacked_bars(title: str, days: list[date], series: list[Series]) -> Markup:
     """An SVG of one bar per day, ``series`` stacked bottom-up, with a y scale and legend."""
     totals = [sum(s.values[i] for s in series) for i in range(len(days))]
     top = max([*totals, 1])
-    plot_w, plot_h = _W - _LEFT - 8, _H - _BOTTOM - _TOP
+    plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _BOTTOM - _TOP
     step = plot_w / max(len(days), 1)
     parts = [
         f'<svg class="chart" viewBox="0 0 {_W} {_H + 24}" role="img" '
@@ -44,7 +44,7 @@ def stacked_bars(title: str, days: list[date], series: list[Series]) -> Markup:
     for frac in (0, 0.5, 1):
         y = _TOP + plot_h * (1 - frac)
         parts.append(
-            f'<line class="grid" x1="{_LEFT}" x2="{_W - 8}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text class="axis" x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
             f"{_short(top * frac)}</text>"
         )
