@@ -196,3 +196,26 @@ async def test_owner_invites_a_member_who_joins_with_the_emailed_link(
             members + "/invite", data={"csrf_token": token, "email": _email()}
         )
         assert refused.status_code == 403
+
+
+async def test_reset_links_to_one_address_are_capped_per_hour(
+    pg_pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, config = accounts_app(pg_pool)
+    async with browser(app) as first:
+        account = await sign_up(first, caplog)
+    async with browser(app) as client:
+        token = await form_token(client, "/password/forgot")
+        for _ in range(config.mails_per_hour + 3):
+            sent = await client.post(
+                "/password/forgot", data={"csrf_token": token, "email": account.email}
+            )
+            assert sent.status_code == 200  # the page never tells whether mail went out
+    mailed = [
+        r
+        for r in caplog.records
+        if r.name == "gateway.web.mailer"
+        and f"email to {account.email} " in r.getMessage()
+        and "Reset your kvgate password" in r.getMessage()
+    ]
+    assert len(mailed) == config.mails_per_hour

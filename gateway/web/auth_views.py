@@ -55,6 +55,8 @@ class AuthViews:
 
     async def _send_verification(self, user_id: int, email: str) -> None:
         site = self.site
+        if not await site.may_mail("verify", email):
+            return
         token = await tokens.issue(
             site.db, "verify", email, site.config.email_link_ttl_s, user_id=user_id
         )
@@ -151,7 +153,7 @@ class AuthViews:
         site = self.site
         email = users.normalize_email(text_field(await request.form(), "email"))
         found = await users.credentials(site.db, email)
-        if found is not None:
+        if found is not None and await site.may_mail("reset", email):
             token = await tokens.issue(
                 site.db, "reset", email, site.config.reset_link_ttl_s, user_id=found.id
             )

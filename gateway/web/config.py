@@ -36,6 +36,9 @@ class AccountsConfig:
     reset_link_ttl_s: int = 3600
     #: Failed logins in a row allowed before each further attempt must wait (doubling).
     login_free_failures: int = 10
+    #: Links of one kind mailed to one address per hour; beyond it nothing is sent, so the
+    #: forms cannot be used to flood someone's inbox.
+    mails_per_hour: int = 5
     smtp: SmtpConfig = field(default_factory=SmtpConfig)
     billing: BillingConfig = field(default_factory=BillingConfig)
 

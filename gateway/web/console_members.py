@@ -62,6 +62,14 @@ class MemberViews:
             return await self._page(
                 request, user, team, error="Enter the email address to invite.", status=400
             )
+        if not await site.may_mail("invite", email):
+            return await self._page(
+                request,
+                user,
+                team,
+                error=f"{email} was invited often enough; try later.",
+                status=429,
+            )
         token = await tokens.issue(
             site.db,
             "invite",

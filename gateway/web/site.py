@@ -7,6 +7,7 @@ they are not in gets 404 (not 403), so team ids cannot be probed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -18,13 +19,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from gateway.web import sessions, users
+from gateway.web import sessions, tokens, users
 from gateway.web.config import AccountsConfig
 from gateway.web.csrf import Csrf
 from gateway.web.mailer import Mailer
 from gateway.web.sessions import SessionUser
 from gateway.web.users import Membership
 from web import TEMPLATES_DIR
+
+log = logging.getLogger(__name__)
 
 
 class LoginRequired(Exception):
@@ -51,6 +54,16 @@ class Site:
     def db(self) -> asyncpg.Pool:
         """The gateway's connection pool (opened in its lifespan, hence the getter)."""
         return self._pool()
+
+    async def may_mail(self, purpose: tokens.Purpose, email: str) -> bool:
+        """Whether another ``purpose`` link may go to ``email`` now (see ``mails_per_hour``)."""
+        sent = await tokens.issued_recently(self.db, purpose, email, 3600)
+        if sent >= self.config.mails_per_hour:
+            log.warning(
+                "not mailing another %s link to %s: %d in the last hour", purpose, email, sent
+            )
+            return False
+        return True
 
     def link(self, path: str) -> str:
         """An absolute URL on the public site, for emails."""

@@ -85,6 +85,19 @@ async def consume(db: Any, purpose: Purpose, token: str) -> EmailToken | None:
     return None if row is None else EmailToken(*row)
 
 
+async def issued_recently(db: Any, purpose: Purpose, email: str, within_s: float) -> int:
+    """How many ``purpose`` links went to ``email`` in the last ``within_s`` seconds."""
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM email_tokens WHERE email = $1 AND purpose = $2 "
+            "AND created_at > now() - make_interval(secs => $3)",
+            email,
+            purpose,
+            float(within_s),
+        )
+    )
+
+
 async def pending_invites(db: Any, team_id: int) -> list[tuple[str, datetime]]:
     """(email, expiry) of the team's open invitations, newest first."""
     rows = await db.fetch(
