@@ -83,7 +83,7 @@ def build_batch(
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) == 1)
     offsets = torch.arange(page_size)
     ids: list[int] = []
-    positions: list[torch.Tensor] = []
+    positions: list[int] = []
     writes: list[torch.Tensor] = []
     prefill: list[PrefillRows] = []
     logit_rows: list[int] = []
@@ -98,10 +98,10 @@ def build_batch(
             logit_rows.append(row + n - 1)
         if n == 1:
             decode.append(i)
-            positions.append(torch.tensor([c.start]))
+            positions.append(c.start)
             continue
         ctx = _slots(c.pages, end, page_size, offsets)
-        positions.append(torch.arange(c.start, end))
+        positions.extend(range(c.start, end))
         writes.append(ctx[c.start :])
         mask = None
         if c.start:  # query i (at position start + i) sees keys 0 .. start + i
@@ -122,7 +122,7 @@ def build_batch(
         decode_slots = slots.contiguous().to(device)
     batch = ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).to(device),
-        positions=torch.cat(positions).to(device),
+        positions=torch.tensor(positions, dtype=torch.long).to(device),
         write_slots=torch.cat(writes).to(device),
         prefill=prefill,
         decode_row=decode_row,

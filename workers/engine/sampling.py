@@ -41,6 +41,15 @@ class RequestSampler:
         return None
 
 
+def _argmax(logits: torch.Tensor) -> list[int]:
+    """First index of each row's maximum (ties resolve as in ``torch.argmax``)."""
+    if logits.device.type == "cpu":
+        # torch's CPU argmax over a row of a 2-D tensor is ~15x slower than numpy's SIMD one
+        # (4 ms for 32 x 49k logits): a tenth of a decode step.
+        return logits.numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def sample(
     logits: torch.Tensor, samplers: Sequence[RequestSampler], n_generated: Sequence[int]
 ) -> list[int]:
@@ -53,7 +62,7 @@ def sample(
     for i, s in enumerate(samplers):
         if s.banned and n_generated[i] < s.params.min_tokens:
             logits[i, s.banned] = float("-inf")
-    out = logits.argmax(dim=-1).tolist()
+    out = _argmax(logits)
     rows = [i for i, s in enumerate(samplers) if not s.greedy]
     if not rows:
         return out
