@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "multiturn": "kvgate.bench_multiturn:multiturn",
     "tiers": "kvgate.bench_tiers:tiers",
     "gateway": "kvgate.bench_gateway:bench_gateway",
+    "sglang": "kvgate.bench_sglang:sglang",
 }
 
 
