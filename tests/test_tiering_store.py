@@ -174,3 +174,28 @@ async def test_fetch_overrunning_its_deadline_is_abandoned_and_counted(parts) ->
         b.key for b in blocks
     }  # not "repaired"
     await store.close()
+
+
+async def test_a_page_leaving_host_ram_during_the_lookup_ends_the_prefix(parts) -> None:
+    nas, obj, pool_ledger = parts
+
+    class EvictingLedger(Ledger):
+        """The real ledger, but host RAM drops page 1 while it answers (memory pressure)."""
+
+        async def prefix(self, namespace: bytes, keys) -> list[int]:  # type: ignore[no-untyped-def]
+            await store.host.delete_many([blocks[1].key])
+            return await super().prefix(namespace, keys)
+
+    ledger = EvictingLedger(pool_ledger.pool)
+    ns = namespace()
+    blocks = chain(ns, 6)
+    await nas.put_many(blocks[3:])
+    await ledger.record(_entries(blocks[3:]), NAS)
+    store = await TieredStore(HostTier(1 << 30), nas=nas, obj=obj, ledger=ledger).start()
+    for block in blocks[:3]:
+        store.host.put_now(block)
+    got = await store.fetch(ns.digest, [b.key for b in blocks], PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["host"]  # never a gap, never a page taken for lost
+    assert store.counters["repaired_nas"] == 0
+    assert await ledger.held([b.key for b in blocks], NAS) == {b.key for b in blocks[3:]}
+    await store.close()

@@ -187,7 +187,12 @@ class TieredStore:
         rest = keys[n_host:]
         if not rest or len(self.tiers) == 1:
             return plan
-        for key, tier in zip(rest, await self._lower_prefix(namespace, rest), strict=False):
+        lower = await self._lower_prefix(namespace, rest)
+        # host RAM may have dropped pages while the ledger answered; the prefix ends there
+        n_still = self.host.prefix_now(keys[:n_host])
+        if n_still < n_host:
+            return plan[:n_still]
+        for key, tier in zip(rest, lower, strict=False):
             plan.append("host" if key in self.host else tier)
         return plan
 
@@ -230,7 +235,11 @@ class TieredStore:
         read is abandoned at its deadline, and the prefix ends at the first page that could
         not be read and verified.
         """
+        early = self._read_nas_early(keys, tokens_per_page, page_bytes)
         plan = self._worth_fetching(await self.lookup(namespace, keys), tokens_per_page, page_bytes)
+        if early is not None and "nas" not in plan:
+            early[1].cancel()
+            early = None
         if not plan:
             return Fetched([], [])
         got: list[Block | None] = [None] * len(plan)
@@ -242,7 +251,9 @@ class TieredStore:
                 runs.setdefault(tier, []).append(i)
         results = await asyncio.gather(
             *(
-                self._read_tier(t, [keys[i] for i in idx], tokens_per_page)
+                self._pick(early, idx)
+                if t == "nas" and early is not None
+                else self._read_tier(t, [keys[i] for i in idx], tokens_per_page)
                 for t, idx in runs.items()
             )
         )
@@ -268,6 +279,37 @@ class TieredStore:
         if self.ledger is not None:
             self.ledger.touch(b.key for b in out.blocks)
         return out
+
+    def _read_nas_early(
+        self, keys: Sequence[bytes], tokens_per_page: int, page_bytes: int
+    ) -> tuple[int, asyncio.Task[list[Block | None] | None]] | None:
+        """Start reading the NAS past the host prefix while the ledger is still answering.
+
+        Most restores come from L3; this takes the ledger round trip off their critical
+        path. A page the ledger places elsewhere costs one failed open (and counts as a NAS
+        miss). Returns the offset of the first key read and the task.
+        """
+        if "nas" not in self.tiers or self.ledger is None:
+            return None
+        start = self.host.prefix_now(keys)
+        n = len(keys) - start
+        if n == 0 or not self.cost.should_fetch("nas", n * page_bytes, n * tokens_per_page):
+            return None
+        task = asyncio.create_task(self._read_tier("nas", list(keys[start:]), tokens_per_page))
+        return start, task
+
+    @staticmethod
+    async def _pick(
+        early: tuple[int, asyncio.Task[list[Block | None] | None]], idx: list[int]
+    ) -> list[Block | None] | None:
+        """The early NAS read's answers for plan positions ``idx``.
+
+        The early read began at the host prefix, and :meth:`lookup` never places a lower
+        tier before it, so every position is covered.
+        """
+        start, task = early
+        blocks = await task
+        return None if blocks is None else [blocks[i - start] for i in idx]
 
     def _worth_fetching(self, plan: list[str], tokens_per_page: int, page_bytes: int) -> list[str]:
         """Cut ``plan`` before the first tier whose remaining run does not beat recompute."""
