@@ -49,9 +49,12 @@ class SGLangLoadsReplay:
     running: int = 0
     queued: int = 0
     loads_endpoint: bool = True
+    answering: bool = True  # False: a hung engine, every probe gets 503
 
     def app(self) -> Starlette:
         async def loads(request: Request) -> Response:
+            if not self.answering:
+                return PlainTextResponse("hung", status_code=503)
             if not self.loads_endpoint:
                 return PlainTextResponse("Not Found", status_code=404)
             rank = {
@@ -63,6 +66,8 @@ class SGLangLoadsReplay:
             return JSONResponse({"timestamp": "2026-01-01T00:00:00+00:00", "loads": [rank]})
 
         async def metrics(request: Request) -> Response:
+            if not self.answering:
+                return PlainTextResponse("hung", status_code=503)
             return PlainTextResponse(
                 SGLANG_METRICS.format(running=self.running, queued=self.queued)
             )
@@ -141,6 +146,22 @@ async def test_heartbeat_registers_again_after_row_vanished(pg_pool, engine) -> 
         await registry.deregister(pg_pool, config.worker_id)
         await agent.heartbeat_once()
         assert await _row(pg_pool, config.worker_id) is not None
+
+
+async def test_no_heartbeat_while_the_engine_does_not_answer(pg_pool, engine) -> None:
+    replay, url = engine
+    config = _config(url)
+    beat = "SELECT heartbeat_at FROM workers WHERE worker_id = $1"
+    async with httpx.AsyncClient() as http:
+        agent = WorkerAgent(config, pg_pool, http)
+        await agent.heartbeat_once()
+        first = await pg_pool.fetchval(beat, config.worker_id)
+        replay.answering = False
+        await agent.heartbeat_once()
+        assert await pg_pool.fetchval(beat, config.worker_id) == first  # left to age out
+        replay.answering = True
+        await agent.heartbeat_once()
+        assert await pg_pool.fetchval(beat, config.worker_id) > first
 
 
 async def test_drain_deregisters_first_then_waits_for_idle(pg_pool, engine) -> None:

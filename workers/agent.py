@@ -6,7 +6,8 @@ probes — so it only speaks HTTP to the engine and SQL (``protocol.registry``) 
 - ``register`` once the engine is healthy, under a stable worker id;
 - ``heartbeat`` every ``heartbeat_interval_s`` with the engine's load (requests running
   plus waiting), read from ``GET /v1/loads`` and, failing that, from ``GET /metrics``;
-  a heartbeat that finds its row gone (a reaped or restarted registry) registers again;
+  a heartbeat that finds its row gone (a reaped or restarted registry) registers again,
+  and an engine that answers neither probe gets no heartbeat, so that gateways age it out;
 - on shutdown, **drain**: deregister first so that gateways stop choosing this worker at
   their next registry refresh, then keep probing until the engine has been idle for
   ``drain_quiet_s`` (long enough for every gateway to have refreshed) or
@@ -131,11 +132,20 @@ class WorkerAgent:
         log.info("registered worker %s at %s (model %s)", c.worker_id, c.url, c.model)
 
     async def heartbeat_once(self) -> None:
-        """Report the current load; register again if the row has disappeared."""
+        """Report the current load; register again if the row has disappeared.
+
+        An engine that answers neither load probe gets no heartbeat: it may be hung, and
+        the gateways should age it out rather than keep sending it requests.
+        """
         load = await self.read_load()
+        if load is None:
+            self._log_bounded(
+                "engine at %s is not answering: heartbeat withheld", self.config.engine_url
+            )
+            return
         try:
             if not self.registered or not await registry.heartbeat(
-                self._db, self.config.worker_id, load or 0
+                self._db, self.config.worker_id, load
             ):
                 await self.register()
         except Exception as exc:  # a registry outage must never stop serving

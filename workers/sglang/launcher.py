@@ -99,15 +99,14 @@ async def serve_with_agent(engine: EngineProcessSpec, agent_config: AgentConfig,
     log.info("started engine pid %d: waiting for %s", proc.pid, engine.health_url)
     try:
         async with httpx.AsyncClient() as http:
-            await wait_healthy(engine.health_url, proc, engine.start_timeout_s, http)
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-            try:
-                agent = WorkerAgent(agent_config, pool, http)
-                watcher = asyncio.create_task(_set_when_exited(proc, stop))
-                await agent.run(stop)
-                watcher.cancel()
-            finally:
-                await pool.close()
+            if await _ready_unless_stopped(engine, proc, stop, http):
+                pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+                try:
+                    watcher = asyncio.create_task(_set_when_exited(proc, stop))
+                    await WorkerAgent(agent_config, pool, http).run(stop)
+                    watcher.cancel()
+                finally:
+                    await pool.close()
         if proc.poll() is not None:
             log.error("engine exited by itself with code %s", proc.returncode)
             return proc.returncode or 1
@@ -116,6 +115,24 @@ async def serve_with_agent(engine: EngineProcessSpec, agent_config: AgentConfig,
         stop_process(proc, engine.stop_timeout_s)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _ready_unless_stopped(
+    engine: EngineProcessSpec,
+    proc: subprocess.Popen[bytes],
+    stop: asyncio.Event,
+    http: httpx.AsyncClient,
+) -> bool:
+    """Wait for the engine to be healthy; False if told to stop first (a slow model load)."""
+    ready = asyncio.create_task(wait_healthy(engine.health_url, proc, engine.start_timeout_s, http))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not ready.done():
+        ready.cancel()
+        return False
+    ready.result()  # raises EngineStartError when the engine did not come up
+    return True
 
 
 async def _set_when_exited(proc: subprocess.Popen[bytes], stop: asyncio.Event) -> None:
