@@ -70,12 +70,24 @@ class NasTier:
     def _read_one(self, key: bytes) -> Block | None:
         path = self.path(key)
         try:
-            with open(path, "rb", buffering=0) as f:
-                data = f.read()  # one allocation, no zero-fill, one copy out of the page cache
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            raise TierError(f"nas: cannot open {path}: {exc}") from exc
+        try:
+            # sized read: one allocation, no zero-fill, no extra read to find the end
+            size = os.fstat(fd).st_size
+            data = os.read(fd, size)
+            while len(data) < size:  # short reads (NFS, signals): continue where it stopped
+                more = os.read(fd, size - len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
             raise TierError(f"nas: cannot read {path}: {exc}") from exc
+        finally:
+            os.close(fd)
         try:
             return decode(data, expect_key=key)
         except CorruptBlock:
