@@ -75,6 +75,8 @@ class KVPool:
         )
         L, H, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         self.kv = torch.zeros(L, self.num_pages, page_size, 2, H, D, dtype=dtype, device=device)
+        #: per layer, a ``[pages * page_size, 2, kv_heads, head_dim]`` view: one row per token slot
+        self.layer_slots = [self.kv[i].view(-1, 2, H, D) for i in range(L)]
         # Pop from the end: low page ids go out first, which keeps test output readable.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
 
@@ -100,12 +102,6 @@ class KVPool:
     def free(self, page_ids: Sequence[int]) -> None:
         """Return pages to the free list."""
         self._free.extend(page_ids)
-
-    # --- views for the model ------------------------------------------------------------------
-    def layer_slots(self, layer: int) -> torch.Tensor:
-        """Layer ``layer`` as ``[pages * page_size, 2, kv_heads, head_dim]`` (a view)."""
-        kv = self.kv[layer]
-        return kv.view(-1, *kv.shape[2:])
 
     # --- export / import for tiering ------------------------------------------------------------
     def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:

@@ -152,8 +152,10 @@ class LlamaModel:
         self, qkv: torch.Tensor, batch: ForwardBatch, slots: torch.Tensor
     ) -> torch.Tensor:
         """Attention output ``[T, heads * head_dim]`` for the step's queries."""
-        H, K, D, g = self.heads, self.kv_heads, self.head_dim, self.group
+        H, D = self.heads, self.head_dim
         q = qkv[:, : H * D]
+        if not batch.prefill:  # decode only: the attention output is the whole result
+            return self._decode_attention(q, batch, slots)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         for p in batch.prefill:
             ctx = slots.index_select(0, p.ctx_slots)  # [L, 2, K, D]
@@ -166,14 +168,22 @@ class LlamaModel:
             )
             out[p.row : p.row + p.n] = o[0].transpose(0, 1).reshape(p.n, H * D)
         if batch.decode_slots is not None:
-            B, L = batch.decode_slots.shape
-            ctx = slots.index_select(0, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
-            k = ctx[:, :, 0].transpose(1, 2)  # [B, K, L, D]
-            v = ctx[:, :, 1].transpose(1, 2)
-            qd = q[batch.decode_row :].view(B, K, g, D)
-            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask)
-            out[batch.decode_row :] = o.reshape(B, H * D)
+            out[batch.decode_row :] = self._decode_attention(q, batch, slots)
         return out
+
+    def _decode_attention(
+        self, q: torch.Tensor, batch: ForwardBatch, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of the single-token rows, ``[B, heads * head_dim]``."""
+        assert batch.decode_slots is not None
+        K, D, g = self.kv_heads, self.head_dim, self.group
+        B, L = batch.decode_slots.shape
+        ctx = slots.index_select(0, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
+        k = ctx[:, :, 0].transpose(1, 2)  # [B, K, L, D]
+        v = ctx[:, :, 1].transpose(1, 2)
+        qd = q[batch.decode_row :].view(B, K, g, D)  # the g query heads of a KV head as rows
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask)
+        return o.reshape(B, K * g * D)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
@@ -187,11 +197,11 @@ class LlamaModel:
             x = self._norm(h, layer.attn_norm)
             qkv = layer.qkv(x)
             self._rope(qkv[:, : (H + K) * D].view(T, H + K, D), cos, sin)
-            slots = pool.layer_slots(i)
+            slots = pool.layer_slots[i]
             slots.index_copy_(0, batch.write_slots, qkv[:, H * D :].view(T, 2, K, D))
-            h = h + layer.o(self._attention(qkv, batch, slots))
+            h.add_(layer.o(self._attention(qkv, batch, slots)))
             gu = layer.gate_up(self._norm(h, layer.mlp_norm))
             inter = gu.shape[-1] // 2
-            h = h + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            h.add_(layer.down(F.silu(gu[:, :inter]).mul_(gu[:, inter:])))
         last = self._norm(h[batch.logit_rows], self.norm)
         return self.lm_head(last).float()
