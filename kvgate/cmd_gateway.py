@@ -57,5 +57,8 @@ def gateway(host: str | None, port: int | None) -> None:
             loop="uvloop",
             http="httptools",
             log_level="warning",
+            # X-Forwarded-For is judged by the gateway against its own trusted proxies;
+            # uvicorn's default would believe any loopback peer.
+            proxy_headers=False,
             timeout_graceful_shutdown=15,
         )
