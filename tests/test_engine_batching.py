@@ -132,3 +132,24 @@ async def test_close_ends_open_streams_with_abort() -> None:
     engine.close()
     events = [e async for e in stream]
     assert events[-1].finished and events[-1].finish_reason == "abort"
+
+
+async def test_chunked_prefill_beside_decoding_requests() -> None:
+    long_prompt, short_prompt = _ids(150, 20), _ids(12, 21)
+    solo = tiny_engine(MODEL)
+    try:
+        expected_long = tokens(await run(solo, "l", long_prompt, greedy(12)))
+        expected_short = tokens(await run(solo, "s", short_prompt, greedy(40)))
+    finally:
+        solo.close()
+    # 16 tokens per step: the long prompt takes ~10 steps of prefill while the short decodes
+    engine = tiny_engine(MODEL, token_budget=16)
+    try:
+        short = asyncio.ensure_future(run(engine, "s", short_prompt, greedy(40)))
+        await _until(lambda: engine.load().running == 1, "the short request to start")
+        long = await run(engine, "l", long_prompt, greedy(12))
+        assert tokens(long) == expected_long
+        assert tokens(await short) == expected_short
+        assert engine.stats().prefill_tokens >= 150
+    finally:
+        engine.close()
