@@ -124,8 +124,12 @@ async def test_reconcile_collects_orphans_and_repairs_rows_both_ways(env) -> Non
     assert await ledger.held([b.key for b in blocks], NAS | OBJECT) == {blocks[0].key}
     # the S3 orphan is younger than the grace period: kept until a pass with no grace
     assert len([e async for e in obj.scan()]) == 1
-    await Tierd(pool, nas, obj, TierdConfig(orphan_grace_s=0)).run_pass()
+    no_grace = Tierd(pool, nas, obj, TierdConfig(orphan_grace_s=0, reconcile_interval_s=3600))
+    await no_grace.run_pass()
     assert [e async for e in obj.scan()] == []
+    await obj.put_many(blocks[2:3])  # a new orphan: left to the next reconciliation
+    await no_grace.run_pass()
+    assert len([e async for e in obj.scan()]) == 1
 
 
 async def test_quota_retention_and_object_capacity(env) -> None:

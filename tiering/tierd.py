@@ -2,10 +2,11 @@
 
 One pass, in order:
 
-1. **Reconcile** the NAS and the object store with the ledger: rows whose data is gone
-   lose their tier bit; blocks without a row (a writer died between data and row, or a
-   ledger write failed) are deleted once older than a grace period; stale temporary files
-   from dead writers are removed.
+1. **Reconcile** the NAS and the object store with the ledger (every
+   ``reconcile_interval_s``, since it walks everything): rows whose data is gone lose
+   their tier bit; blocks without a row (a writer died between data and row, or a ledger
+   write failed) are deleted once older than a grace period; stale temporary files from
+   dead writers are removed.
 2. **Retention** and **per-namespace quotas**: pages idle too long, and a namespace's
    coldest pages beyond its quota, are deleted from every tier.
 3. **NAS watermarks**: above the high watermark, the least recently used pages are copied
@@ -51,6 +52,8 @@ class TierdConfig:
     #: between writing the data and recording its row)
     orphan_grace_s: float = 600.0
     interval_s: float = 30.0
+    #: reconciling walks the whole NAS and bucket, so it runs on this slower clock
+    reconcile_interval_s: float = 600.0
 
 
 @dataclass
@@ -84,6 +87,7 @@ class Tierd:
         self.obj = obj
         self.config = config
         self.failures = FailureLog()
+        self._last_reconcile = -float("inf")
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         """Run passes every ``interval_s`` until ``stop`` is set."""
@@ -102,8 +106,12 @@ class Tierd:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _PASS_LOCK):
                 report.skipped = True
                 return report
+            steps = [self._expire, self._quotas, self._demote, self._cap]
+            if time.monotonic() - self._last_reconcile >= self.config.reconcile_interval_s:
+                self._last_reconcile = time.monotonic()
+                steps.insert(0, self._reconcile)
             try:
-                for step in (self._reconcile, self._expire, self._quotas, self._demote, self._cap):
+                for step in steps:
                     try:
                         await step(report)
                     except Exception as exc:  # one broken tier must not stop the others
