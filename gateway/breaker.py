@@ -1,9 +1,11 @@
-"""A circuit breaker per worker: sideline one that keeps failing, then test it again.
+"""A circuit breaker per worker: sideline one that keeps failing, then try it again.
 
 After ``failures`` consecutive failures a worker's circuit opens for ``open_s`` seconds and
-it gets no traffic; then one trial request is let through (half-open): success closes the
-circuit, failure opens it again. This keeps a dead worker from costing every request a
-connect timeout in the window before the registry notices it stopped heartbeating.
+it gets no traffic. Afterwards it is tried again: one success closes the circuit, another
+failure opens it for another ``open_s``. This keeps a dead worker from costing every
+request a connect attempt in the window before the registry notices it stopped
+heartbeating. (No single-trial half-open state: the router asks about every candidate
+before it picks one, so a claimed trial could go unused and sideline a worker for good.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from dataclasses import dataclass
 class _State:
     failures: int = 0
     open_until: float = 0.0
-    trial: bool = False
 
 
 class Breaker:
@@ -32,19 +33,11 @@ class Breaker:
         self._states: dict[str, _State] = {}
 
     def allows(self, worker_id: str) -> bool:
-        """Whether ``worker_id`` may get a request now (claims the half-open trial)."""
+        """Whether ``worker_id`` may get a request now."""
         state = self._states.get(worker_id)
-        if state is None or state.failures < self._threshold:
-            return True
-        if self._clock() < state.open_until or state.trial:
-            return False
-        state.trial = True
-        return True
-
-    def is_open(self, worker_id: str) -> bool:
-        """Whether ``worker_id`` is sidelined (without claiming a trial)."""
-        state = self._states.get(worker_id)
-        return state is not None and state.failures >= self._threshold
+        return (
+            state is None or state.failures < self._threshold or self._clock() >= state.open_until
+        )
 
     def success(self, worker_id: str) -> None:
         """A request to ``worker_id`` went through: close its circuit."""
@@ -54,6 +47,5 @@ class Breaker:
         """A request to ``worker_id`` failed."""
         state = self._states.setdefault(worker_id, _State())
         state.failures += 1
-        state.trial = False
         if state.failures >= self._threshold:
             state.open_until = self._clock() + self._open_s

@@ -61,18 +61,21 @@ def test_unusable_and_unknown() -> None:
     assert router.models() == ["m"]
 
 
-def test_breaker_opens_after_failures_and_half_opens_later() -> None:
+def test_breaker_opens_after_failures_and_retries_later() -> None:
     now = [0.0]
     breaker = Breaker(failures=2, open_s=5, clock=lambda: now[0])
     breaker.failure("w")
     assert breaker.allows("w")
     breaker.failure("w")
-    assert not breaker.allows("w")
+    assert not breaker.allows("w") and breaker.allows("other")
     now[0] = 6
-    assert breaker.allows("w")  # the one trial
+    assert breaker.allows("w") and breaker.allows("w")  # asking claims nothing
+    breaker.failure("w")  # failed again: open for another 5 s
     assert not breaker.allows("w")
+    now[0] = 12
     breaker.success("w")
-    assert breaker.allows("w") and breaker.allows("w")
+    breaker.failure("w")
+    assert breaker.allows("w")  # one failure after a success does not open it
 
 
 def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
