@@ -46,7 +46,10 @@ class TokenEvent:
     """What one scheduler step produced for one request.
 
     ``token_ids`` holds only the tokens new since the previous event. The last event of a
-    request has ``finished`` set. Counters are totals so far.
+    request has ``finished`` set (and may carry no token: aborts, or a prompt that left no
+    room). When a request ends with ``stop`` on an EOS or stop token id, that id is its last
+    token (counted in ``completion_tokens``); hiding it is the serving layer's choice.
+    Counters are totals so far.
     """
 
     rid: str
