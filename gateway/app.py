@@ -355,6 +355,13 @@ def _refusal(decision: Decision, who: Principal) -> str:
     return f"Rate limit reached: {what} on plan {plan.name!r}.{hint}"
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug, answered in the OpenAI error shape (uvicorn still logs the traceback)."""
+    return ApiError(
+        500, "Internal error in the gateway; retry, and report it if it persists."
+    ).response()
+
+
 def build_app(config: GatewayConfig) -> Starlette:
     """The gateway ASGI app for ``config``."""
     gw = Gateway(config)
@@ -373,6 +380,11 @@ def build_app(config: GatewayConfig) -> Starlette:
         Middleware(RequestIdMiddleware),
         Middleware(BodyLimitMiddleware, limit=config.body_limit),
     ]
-    app = Starlette(routes=routes, middleware=middleware, lifespan=gw.lifespan)
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=gw.lifespan,
+        exception_handlers={Exception: _internal_error},
+    )
     app.state.gateway = gw
     return app
