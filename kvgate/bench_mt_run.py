@@ -19,9 +19,21 @@ from kvgate.bench_mt_workload import Shape
 from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir
 
 
-def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[str, Any]:
-    """Run the comparison, write its outputs under docs/benchmarks/, return the figures."""
-    spec = replace(QUICK if quick else FULL, shape=shape, seed=seed)
+def compare_run(
+    *,
+    quick: bool,
+    configs: str,
+    shape: Shape,
+    seed: int,
+    overrides: dict[str, int] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Run the comparison, write its outputs under docs/benchmarks/, return the figures.
+
+    ``overrides`` replace sizes of the quick or full spec; ``name`` is the output stem
+    (default ``multiturn_quick`` or ``multiturn``).
+    """
+    spec = replace(QUICK if quick else FULL, shape=shape, seed=seed, **(overrides or {}))
     only = tuple(c for c in configs.split(",") if c) or CONFIGS
     if unknown := set(only) - set(CONFIGS):
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
@@ -63,7 +75,7 @@ def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[s
     data["targets"] = verdicts(data)
     data["physics"] = physics(data)
     data.update({k: v for k, v in data["targets"].items()})  # the acceptance keys, top level
-    _write(data, quick)
+    _write(data, name or ("multiturn_quick" if quick else "multiturn"))
     for key, v in data["targets"].items():
         value = "—" if v["value"] is None else f"{v['value']:.3f}"
         click.echo(
@@ -72,14 +84,13 @@ def compare_run(*, quick: bool, configs: str, shape: Shape, seed: int) -> dict[s
     return data
 
 
-def _write(data: dict[str, Any], quick: bool) -> None:
+def _write(data: dict[str, Any], stem: str) -> None:
     """JSON, table and plots under docs/benchmarks/; docs/benchmarks.md from a full run, or
-    from a quick one while no full run has been recorded."""
+    from another one while no full run has been recorded."""
     out = DOCS / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
-    stem = "multiturn_quick" if quick else "multiturn"
     data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown_table(data))
-    if not quick or not (out / "multiturn.json").exists():
+    if stem == "multiturn" or not (out / "multiturn.json").exists():
         write_docs(data, DOCS / "benchmarks.md")

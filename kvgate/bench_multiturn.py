@@ -62,13 +62,12 @@ def machine() -> dict[str, object]:
 @click.option("--url", help="OpenAI-compatible base URL (gateway or worker) to drive.")
 @click.option("--api-key", default="", envvar="KVGATE_BENCH_API_KEY", help="Bearer key.")
 @click.option("--model", default="", help="Model id (default: the first the server lists).")
-@click.option("--conversations", "n_conv", type=int, default=32, show_default=True)
-@click.option(
-    "--active", type=int, default=16, show_default=True, help="Conversations in play (K)."
-)
-@click.option("--clients", type=int, default=8, show_default=True, help="Concurrent clients (C).")
-@click.option("--warmup", type=int, default=16, show_default=True, help="Requests left out.")
-@click.option("--max-requests", type=int, default=0, help="Stop after this many (0: all turns).")
+@click.option("--conversations", "n_conv", type=int, help="[default: 32; --compare: its spec]")
+@click.option("--active", type=int, help="Conversations in play (K) [default: 16].")
+@click.option("--clients", type=int, help="Concurrent clients (C) [default: 8].")
+@click.option("--warmup", type=int, help="Requests left out of the statistics [default: 16].")
+@click.option("--max-requests", type=int, help="Stop after this many (0: all turns) [default: 0].")
+@click.option("--l1-tokens", type=int, help="With --compare: each worker's device KV pool.")
 @click.option("--think-time", type=float, default=0.0, help="Seconds between a client's turns.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--common-prefix", type=int, default=Shape.common_prefix, show_default=True)
@@ -81,23 +80,36 @@ def machine() -> dict[str, object]:
 @click.option("--quick", is_flag=True, help="With --compare: the small run (a few conversations).")
 @click.option("--configs", default="", help="With --compare: comma list (default: all).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write figures here.")
-def multiturn(url: str | None, api_key: str, model: str, n_conv: int, active: int, clients: int,
-              warmup: int, max_requests: int, think_time: float, seed: int, common_prefix: int,
-              unique_mean: int, unique_max: int, user_tokens: tuple[int, int],
+@click.option("--name", help="With --compare: stem of the docs/benchmarks/ outputs.")
+def multiturn(url: str | None, api_key: str, model: str, n_conv: int | None,
+              active: int | None, clients: int | None, warmup: int | None,
+              max_requests: int | None, l1_tokens: int | None, think_time: float, seed: int,
+              common_prefix: int, unique_mean: int, unique_max: int, user_tokens: tuple[int, int],
               answer_tokens: tuple[int, int], turns: tuple[int, int], compare: bool, quick: bool,
-              configs: str, json_path: Path | None) -> None:  # fmt: skip
+              configs: str, json_path: Path | None, name: str | None) -> None:  # fmt: skip
     """Multi-turn conversations: drive a server, or compare the KV tier configurations."""
     shape = Shape(common_prefix, unique_mean, unique_max, Shape.unique_prefix_sigma,
                   user_tokens, answer_tokens, turns)  # fmt: skip
     if compare:
         from kvgate.bench_mt_run import compare_run
 
-        data = compare_run(quick=quick, configs=configs, shape=shape, seed=seed)
+        sizes = {"conversations": n_conv, "active": active, "clients": clients,
+                 "warmup": warmup, "max_requests": max_requests, "l1_tokens": l1_tokens}  # fmt: skip
+        overrides = {k: v for k, v in sizes.items() if v is not None}
+        data = compare_run(
+            quick=quick, configs=configs, shape=shape, seed=seed, overrides=overrides, name=name
+        )
     else:
         if not url:
             raise click.UsageError("give --url to drive a server, or --compare to start them here")
-        convs = conversations(n_conv, shape, seed)
-        plan = Plan(clients, active, warmup, max_requests, think_time)
+        convs = conversations(32 if n_conv is None else n_conv, shape, seed)
+        plan = Plan(
+            8 if clients is None else clients,
+            16 if active is None else active,
+            16 if warmup is None else warmup,
+            max_requests or 0,
+            think_time,
+        )
         results = asyncio.run(run(Target(url.rstrip("/"), api_key, model), convs, plan))
         data = {"shape": asdict(shape), "plan": asdict(plan), **summarize(results).as_dict()}
         for key in ("requests", "errors", "rps", "output_tps", "ttft_p50", "ttft_p90",
