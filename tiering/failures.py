@@ -31,7 +31,8 @@ class FailureLog:
         if now - last_time >= self.interval:
             suppressed = self.counts[key] - last_count - 1
             more = f" ({suppressed} similar since last report)" if suppressed > 0 else ""
-            log.warning("tier %s: %s failed: %s%s", tier, kind, exc, more)
+            detail = str(exc) or type(exc).__name__  # TimeoutError has no message
+            log.warning("tier %s: %s failed: %s%s", tier, kind, detail, more)
             self._last[key] = (now, self.counts[key])
 
     def count(self, tier: str, kind: str | None = None) -> int:
