@@ -200,7 +200,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        """How many leading ``keys`` are stored (host staging, or NAS/object per the ledger)."""
+        """How many leading ``keys`` are stored (in this process, or on NAS/S3 per the ledger)."""
         if not keys:
             return 0
         scoped = [self.scoped_key(k) for k in keys]
@@ -280,7 +280,11 @@ class KvgateHiCacheStorage(HiCacheStorage):
 
     # --- writes ------------------------------------------------------------------------------------
     def _offer(self, keys: Sequence[str], payloads: Sequence[bytearray | bytes]) -> list[bool]:
-        """Hand pages to the store (staged in RAM, written behind to the NAS and the ledger)."""
+        """Hand pages to the store, which writes them behind to the NAS and the ledger.
+
+        Never blocks on the NAS: a full write queue drops pages (counted), and a page is
+        visible to ``batch_exists`` once written (or at once, with ``host_bytes``).
+        """
         start = time.perf_counter()
         ns = self.namespace
         blocks = [
@@ -390,7 +394,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         self._rt.call(self._store.drain(), timeout)
 
     def clear(self) -> bool:
-        """Drop the pages staged in this process.
+        """Drop the pages kept in this process (``host_bytes``).
 
         Pages on the shared NAS and object store belong to every worker: removing them is
         tierd's job (capacity, retention, quotas), never one worker's.
@@ -431,7 +435,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         return self._store.stats()
 
     def close(self) -> None:
-        """Write out what is staged (bounded by ``set_deadline_s``), then release everything."""
+        """Write out what is queued (bounded by ``set_deadline_s``), then release everything."""
         try:
             self._rt.call(self._close(), self.options.set_deadline_s + 5)
         except Exception as exc:

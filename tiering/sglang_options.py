@@ -62,9 +62,10 @@ class SGLangBackendOptions:
     s3_region: str = "us-east-1"
     #: model identity folded into every key (the served model id or its path)
     model: str = ""
-    #: bytes of pages kept in this process while they wait to be written to the NAS
-    #: (SGLang's own host pool is the real L2; this is only the write-behind staging)
-    host_bytes: int = 256 << 20
+    #: bytes of recently stored or fetched pages kept in this process. SGLang's own host
+    #: pool already is the L2 and holds these very pages, so by default none are kept:
+    #: keeping them would cost a copy on every write and every read for no extra hits
+    host_bytes: int = 0
     #: pages waiting for the NAS beyond which new writes are dropped (and counted); each
     #: queued page holds its bytes (8 MiB for an 8B model at 64 tokens), so this bounds RAM
     write_queue_pages: int = 256
@@ -78,15 +79,11 @@ class SGLangBackendOptions:
     def __post_init__(self) -> None:
         if not self.nas_path:
             raise ValueError("nas_path is required: the NAS directory shared by all workers")
-        for name in (
-            "exists_deadline_s",
-            "get_deadline_s",
-            "set_deadline_s",
-            "host_bytes",
-            "write_queue_pages",
-        ):
+        for name in ("exists_deadline_s", "get_deadline_s", "set_deadline_s", "write_queue_pages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.host_bytes < 0:
+            raise ValueError(f"host_bytes must be 0 or more, got {self.host_bytes}")
 
     def to_extra_config(self) -> dict[str, Any]:
         """The JSON object for ``--hicache-storage-backend-extra-config``."""
