@@ -383,3 +383,16 @@ def test_hybrid_model_pool_calls_answer_nothing_stored(make: Make) -> None:
     assert backend.batch_exists_v2(keys, [transfer]).kv_hit_pages == 0
     assert backend.batch_set_v2([transfer]) == {PoolName.MAMBA: [False, False]}
     assert backend.batch_get_v2([transfer]) == {PoolName.MAMBA: [False, False]}
+
+
+def test_a_full_write_queue_refuses_the_batch_tail(make: Make) -> None:
+    src = host_pool()
+    idx = src.alloc(6 * PAGE)
+    src.fill_random(idx, seed=8)
+    keys = sglang_keys(6, salt="backpressure")
+    backend = make(src, write_queue_pages=2)
+    # SGLang stops backing this operation up at the first refused page.
+    assert backend.batch_set_v1(keys, idx) == [True, True, False, False, False, False]
+    backend.flush()
+    assert backend.batch_exists(keys) == 2
+    assert backend.stats()["backend"]["pages_dropped"] == 4

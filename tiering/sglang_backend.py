@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -66,7 +66,6 @@ from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
 log = logging.getLogger("kvgate.tiering.sglang")
-T = TypeVar("T")
 
 #: Seconds allowed for opening the tiers and the ledger pool when SGLang attaches us.
 _OPEN_TIMEOUT_S = 30.0
@@ -173,6 +172,8 @@ class KvgateHiCacheStorage(HiCacheStorage):
         shard = "" if c.is_mla_model else f";tp={c.tp_rank}/{c.tp_size}"
         if c.pp_size > 1:
             shard += f";pp={c.pp_rank}/{c.pp_size}"
+        if c.attn_cp_size > 1:  # context parallel: each rank holds a slice of every page
+            shard += f";cp={c.attn_cp_rank}/{c.attn_cp_size}"
         self._page_tokens = mem_pool_host.page_size
         self._page_bytes = mem_pool_host.get_size_per_token() * mem_pool_host.page_size
         self._dtype = dtype
@@ -254,8 +255,8 @@ class KvgateHiCacheStorage(HiCacheStorage):
                 continue
             dst = target_locations[i]
             flat = dst.view(torch.uint8).reshape(-1).numpy()
-            if flat.nbytes != src.nbytes:
-                break
+            if not dst.is_contiguous() or flat.nbytes != src.nbytes:
+                break  # SGLang hands contiguous flat pages; anything else would be lost
             flat[:] = src
             out[i] = dst
         return out
@@ -294,13 +295,19 @@ class KvgateHiCacheStorage(HiCacheStorage):
             for k, p in zip(keys, payloads, strict=True)
         ]
 
-        async def offer() -> None:
+        async def offer() -> int:
+            # offer() runs without yielding, so once the queue is full every later page of
+            # the batch is dropped too: the dropped pages are the batch's tail.
+            before = self._store.counters["write_dropped"]
             self._store.offer(blocks)
+            return self._store.counters["write_dropped"] - before
 
-        self._rt.call(offer(), self.options.set_deadline_s)
-        self.count("pages_written", len(blocks))
-        self._observe("backup", len(blocks), time.perf_counter() - start)
-        return [True] * len(blocks)
+        dropped = self._rt.call(offer(), self.options.set_deadline_s)
+        accepted = len(blocks) - dropped
+        self.count("pages_written", accepted)
+        self.count("pages_dropped", dropped)
+        self._observe("backup", accepted, time.perf_counter() - start)
+        return [True] * accepted + [False] * dropped
 
     @never_raises(lambda self, key, *a: False)
     def set(
