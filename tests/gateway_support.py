@@ -41,9 +41,15 @@ def wait_http(
 
 @contextlib.contextmanager
 def process(
-    args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_s: float = 30.0
+    args: list[str],
+    ready_url: str,
+    env: dict[str, str] | None = None,
+    ready_s: float = 30.0,
+    *,
+    wait: bool = True,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``args`` until the block ends; yields once ``ready_url`` answers.
+    """Run ``args`` until the block ends; yields once ``ready_url`` answers (at once with
+    ``wait=False``, so that slow starters can start side by side).
 
     Output goes to a file (a pipe nobody drains would block a chatty process); it is
     printed when the block fails, so pytest shows it with the failure.
@@ -53,7 +59,8 @@ def process(
             args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
         )
         try:
-            wait_http(ready_url, ready_s, proc=proc)
+            if wait:
+                wait_http(ready_url, ready_s, proc=proc)
             yield proc
         except BaseException:
             log.seek(0)

@@ -8,6 +8,7 @@ streaming and not.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from gateway_support import (
     register_workers,
     team_key,
     unique,
+    wait_http,
 )
 
 from kvgate.services.ports import free_port
@@ -31,15 +33,15 @@ MODEL = "tiny-random"
 
 
 @contextlib.contextmanager
-def builtin_worker() -> Iterator[str]:
-    """A ``kvgate worker --model tiny-random`` process; yields its base URL."""
+def builtin_worker() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ``kvgate worker --model tiny-random`` process, started but not yet ready."""
     port = free_port()
     args = [sys.executable, "-c", "from kvgate.cli import main; main()", "worker"]
     args += ["--model", MODEL, "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
-    # Loading torch and building the engine takes a while on a shared CPU.
-    with process(args, url + "/v1/models", {"KVGATE_HOME": f"/tmp/kvgate-gw-{port}"}, 180):
-        yield url
+    env = {"KVGATE_HOME": f"/tmp/kvgate-gw-{port}"}
+    with process(args, url + "/v1/models", env, wait=False) as proc:
+        yield url, proc
 
 
 @dataclass
@@ -55,7 +57,11 @@ async def rig(pg_dsn: str, pg_pool: asyncpg.Pool) -> AsyncIterator[Rig]:
     # name while it runs, so earlier leftovers are cleared first.
     await pg_pool.execute("DELETE FROM workers WHERE model = $1", MODEL)
     with contextlib.ExitStack() as stack:
-        urls = {i: stack.enter_context(builtin_worker()) for i in ids}
+        started = {i: stack.enter_context(builtin_worker()) for i in ids}
+        for url, proc in started.values():
+            # Loading torch and building the engine takes a while on a shared CPU.
+            wait_http(url + "/v1/models", 180, proc=proc)
+        urls = {i: url for i, (url, _) in started.items()}
         await register_workers(pg_pool, MODEL, urls)
         team_id, key = await team_key(pg_pool)
         gw, _ = stack.enter_context(gateway_process(pg_dsn))
