@@ -38,6 +38,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import document
 from gateway.router import Router
+from gateway.site.headers import SecurityHeadersMiddleware
+from gateway.site.routes import site_routes
 from gateway.streaming import HangupAwareStream
 from gateway.usage import UsageRecorder, UsageRow
 from gateway.web.routes import accounts_routes
@@ -375,10 +377,14 @@ def build_app(config: GatewayConfig) -> Starlette:
         Route("/openapi.json", gw.openapi, methods=["GET"]),
         # Accounts, team console and Stripe billing (ACCOUNTS): see gateway/web/routes.py.
         *accounts_routes(config.accounts, lambda: gw.pool),
+        # Public site, contact sales and /admin (SITE): see gateway/site/routes.py.
+        *site_routes(config, lambda: gw.pool),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(BodyLimitMiddleware, limit=config.body_limit),
+        # CSP, frame, referrer and sniffing headers on every response (SITE).
+        Middleware(SecurityHeadersMiddleware),
     ]
     app = Starlette(
         routes=routes,

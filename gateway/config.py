@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from gateway.site.config import SiteConfig
 from gateway.web.config import AccountsConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -48,6 +49,8 @@ class GatewayConfig:
     db_pool_max: int = 10
     #: Console, sign-in, email and Stripe billing (``gateway.web``, ``gateway.billing``).
     accounts: AccountsConfig = field(default_factory=AccountsConfig)
+    #: Public site, contact form and /admin (``gateway.site``, ``gateway.admin``).
+    site: SiteConfig = field(default_factory=SiteConfig)
 
     @staticmethod
     def parse_networks(cidrs: list[str] | tuple[str, ...]) -> tuple[Network, ...]:

@@ -14,6 +14,7 @@ import asyncpg
 import click
 
 from gateway import accounts
+from gateway.admin import staff as staff_users
 from kvgate.database import settings_database
 from kvgate.settings import load_settings
 from migrations import runner
@@ -35,7 +36,7 @@ def _with_db(work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
     with settings_database(load_settings()) as dsn:
         try:
             return asyncio.run(run(dsn))
-        except accounts.AccountError as exc:
+        except (accounts.AccountError, staff_users.StaffError) as exc:
             raise click.ClickException(str(exc)) from exc
 
 
@@ -100,3 +101,21 @@ def keys_revoke(key_id: int) -> None:
     """Revoke key KEY_ID; every gateway replica refuses it within a few seconds."""
     info = _with_db(lambda db: accounts.revoke_key(db, key_id))
     click.echo(f"revoked key {info.id} ({info.prefix}…) of team {info.team}")
+
+
+@admin.group()
+def users() -> None:
+    """Create sign-in users (staff for the /admin dashboard)."""
+
+
+@users.command("create")
+@click.argument("email")
+@click.option("--staff", is_flag=True, help="May use /admin (leads, teams, workers, audit).")
+@click.password_option(help="Sign-in password (prompted when not given).")
+def users_create(email: str, staff: bool, password: str) -> None:
+    """Create a verified user EMAIL (or make an existing one staff with --staff)."""
+    user_id, created = _with_db(
+        lambda db: staff_users.create_user(db, email, password, staff=staff)
+    )
+    what = "created" if created else "kept existing"
+    click.echo(f"{what} user {email} (id {user_id}){' as staff' if staff else ''}")

@@ -206,6 +206,25 @@ class Settings(BaseSettings):
         3.0, ge=0, description="Days a team keeps paid limits after a failed payment."
     )
 
+    # --- public site, contact sales and /admin (SITE) ------------------------------------------
+    sales_email: str = Field(
+        "sales@localhost", description="Where new contact-sales leads are notified by email."
+    )
+    contact_form_limit: int = Field(
+        5, ge=1, description="Contact-sales submissions accepted per client IP per window."
+    )
+    contact_form_window_s: float = Field(
+        3600.0, gt=0, description="The window of contact_form_limit, in seconds."
+    )
+    lead_uncontacted_after_s: float = Field(
+        2 * 24 * 3600.0, gt=0, description="/admin flags leads still new after this long."
+    )
+    benchmarks_dir: Path | None = Field(
+        None,
+        description="Benchmark results shown on the landing page; default the checkout's "
+        "docs/benchmarks.",
+    )
+
     # --- the `kvgate up` supervisor (FOUNDATION) ------------------------------------------
     ready_timeout: float = Field(
         120.0, gt=0, description="Seconds `kvgate up` waits for each part to answer its probe."

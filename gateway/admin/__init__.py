@@ -1,0 +1,1 @@
+"""The staff dashboard under /admin: leads, teams, workers and tiers, usage, audit log."""

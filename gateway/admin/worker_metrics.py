@@ -1,0 +1,82 @@
+"""Reading the workers' ``/metrics``: per-tier bytes, pages, hits, misses and failures.
+
+The names are those ``workers/tier_metrics.py`` exports (``kvgate_worker_tier_<field>``,
+labelled by tier); the gateway reads them over HTTP like any Prometheus scraper, so it
+needs nothing from the ``workers`` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+_PREFIX = "kvgate_worker_tier_"
+_FIELDS = ("used_bytes", "items", "hits", "misses", "corruptions")
+
+
+@dataclass
+class TierFigures:
+    """One tier's figures on one worker (counters are totals since the worker started)."""
+
+    tier: str
+    used_bytes: int = 0
+    items: int = 0
+    hits: int = 0
+    misses: int = 0
+    corruptions: int = 0
+    failures: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over lookups; None before the first lookup."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else None
+
+
+@dataclass
+class Scrape:
+    """What one worker's /metrics said, or why it could not be read."""
+
+    tiers: dict[str, TierFigures] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+def parse(text: str) -> Scrape:
+    """Tier figures and plain gauges (queue, running, pool use) from a metrics page."""
+    out = Scrape()
+    for family in text_string_to_metric_families(text):
+        name = family.name.removesuffix("_total")
+        for sample in family.samples:
+            if sample.name.endswith(("_created", "_bucket", "_sum", "_count")):
+                continue
+            tier = sample.labels.get("tier")
+            short = name.removeprefix(_PREFIX)
+            if tier is not None and name.startswith(_PREFIX):
+                figures = out.tiers.setdefault(tier, TierFigures(tier))
+                if short in _FIELDS:
+                    setattr(figures, short, getattr(figures, short) + int(sample.value))
+                elif short == "failures":
+                    figures.failures += int(sample.value)
+            elif not sample.labels and name.startswith("kvgate_worker_"):
+                out.gauges[name.removeprefix("kvgate_worker_")] = sample.value
+    return out
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> Scrape:
+    """``url``/metrics parsed; a scrape with ``error`` set when the worker did not answer."""
+    try:
+        response = await client.get(url.rstrip("/") + "/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return Scrape(error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    return parse(response.text)
+
+
+async def scrape_all(urls: list[str], timeout_s: float) -> list[Scrape]:
+    """Every worker's scrape, concurrently, each bounded by ``timeout_s``."""
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        return list(await asyncio.gather(*(scrape(client, u) for u in urls)))

@@ -1,0 +1,1 @@
+"""The public site: landing, pricing, API docs, the free playground and contact sales."""
