@@ -283,6 +283,11 @@ def render(figures: dict[str, Any], plan: Plan) -> str:
         "same bytes from the same device at the same concurrency (memcpy; plain file reads; "
         "plain S3 GETs). The NAS here is a local directory, hot in the page cache.",
         "",
+        f"Load average (1 min) {figures['run']['loadavg_before']:.1f} before and "
+        f"{figures['run']['loadavg_after']:.1f} after the run on {os.cpu_count()} CPUs. With "
+        "more runnable processes than CPUs, latencies (the ledger p99 above all) measure "
+        "queueing for a CPU as much as the code.",
+        "",
         "| tier | restore GB/s | raw GB/s | ratio |",
         "|---|---:|---:|---:|",
         *(
@@ -350,9 +355,18 @@ def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
         scratch = Path(tmp)
         with _backends(settings, scratch) as (dsn, s3):
             nas_dir = scratch / "nas"
+            load_before = os.getloadavg()[0]
             figures = asyncio.run(
                 measure(dsn, s3, nas_dir, plan, lambda m: click.echo(m, err=True))
             )
+    # the machine may be shared: say how busy it was, the figures mean little without it
+    figures["run"] = {
+        "pages": plan.pages,
+        "reps": plan.reps,
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg()[0],
+    }
     report = render(figures, plan)
     click.echo(report)
     if out is None and not quick:
