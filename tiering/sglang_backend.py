@@ -148,7 +148,9 @@ class KvgateHiCacheStorage(HiCacheStorage):
         )
         store = TieredStore(
             HostTier(o.host_bytes),
-            nas=NasTier(NasConfig(root=nas_root)),
+            nas=NasTier(
+                NasConfig(root=nas_root, threads=o.nas_threads or min(8, os.cpu_count() or 1))
+            ),
             obj=self._object,
             ledger=ledger,
             cost=cost,

@@ -69,6 +69,9 @@ class SGLangBackendOptions:
     #: pages waiting for the NAS beyond which new writes are dropped (and counted); each
     #: queued page holds its bytes (8 MiB for an 8B model at 64 tokens), so this bounds RAM
     write_queue_pages: int = 256
+    #: threads reading and writing NAS files; 0 means one per CPU up to 8 (more threads
+    #: than CPUs only fight over them when the NAS answers from its cache)
+    nas_threads: int = 0
     #: seconds one existence query may take before it answers "not present"
     exists_deadline_s: float = 0.5
     #: seconds one batch read may take; pages not read by then are misses
@@ -82,8 +85,9 @@ class SGLangBackendOptions:
         for name in ("exists_deadline_s", "get_deadline_s", "set_deadline_s", "write_queue_pages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.host_bytes < 0:
-            raise ValueError(f"host_bytes must be 0 or more, got {self.host_bytes}")
+        for name in ("host_bytes", "nas_threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
 
     def to_extra_config(self) -> dict[str, Any]:
         """The JSON object for ``--hicache-storage-backend-extra-config``."""
