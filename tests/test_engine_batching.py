@@ -153,3 +153,13 @@ async def test_chunked_prefill_beside_decoding_requests() -> None:
         assert engine.stats().prefill_tokens >= 150
     finally:
         engine.close()
+
+
+def test_threads_option_sets_torch_intra_op_threads() -> None:
+    before = torch.get_num_threads()
+    engine = tiny_engine(MODEL, threads=1)
+    try:
+        assert torch.get_num_threads() == 1
+    finally:
+        engine.close()
+        torch.set_num_threads(before)

@@ -50,6 +50,10 @@ class EngineOptions:
     token_budget: int = 2048
     #: cap on prompt plus output tokens; 0 means the model's ``max_position_embeddings``
     context_length: int = 0
+    #: torch intra-op threads for the whole process; 0 leaves torch's default. On a CPU
+    #: shared with other busy processes 1 can beat more: every multi-threaded kernel waits
+    #: for its slowest thread, and a descheduled one stalls it for a whole time slice.
+    threads: int = 0
 
     def resolved(self) -> tuple[torch.device, torch.dtype]:
         """The concrete device and dtype these options ask for."""
@@ -78,6 +82,8 @@ class TorchEngine:
         if options.max_batch < 1 or options.token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1")
         device, dtype = options.resolved()
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
         self.model_id = model_id
         self.options = options
         self.context_length = options.context_length or config.max_position_embeddings
