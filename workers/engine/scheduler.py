@@ -196,11 +196,14 @@ class Scheduler:
             # immediately force preemption
             if not self._reserve(need + len(self.running)):
                 self.cache.unlock(match.node)
-                if not self.running and not self._reserve(need):
-                    self.waiting.popleft()
-                    self._emit(req, [], "length")  # longer than the whole pool
-                    continue
-                return
+                if self.running:
+                    return  # wait for running requests to give pages back
+                # Alone, everything else evicted, and still no room: it can never run. The
+                # engine refuses such prompts up front; this guards against waiting forever.
+                self.waiting.popleft()
+                self.stats.finished_requests += 1
+                self._emit(req, [], "length")
+                continue
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
