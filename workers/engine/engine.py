@@ -63,6 +63,8 @@ class EngineOptions:
         dev = torch.device(device)
         if self.dtype == "auto":
             return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         return dev, _DTYPES[self.dtype]
 
 
