@@ -32,8 +32,10 @@ def up() -> None:
       tierd       `kvgate tierd`: keeps the NAS and the object store within their
                   limits; ready when it logs its `tierd: ...` line
       worker      `kvgate worker` (built-in engine, KVGATE_WORKER_MODEL, default
-                  SmolLM2-135M-Instruct fetched once) on KVGATE_WORKER_PORT, ready
-                  when GET /health answers
+                  SmolLM2-135M-Instruct fetched once) on KVGATE_WORKER_PORT, run by
+                  `kvgate agent`, which enters it in the worker registry (so the
+                  gateway routes to it) and drains it on stop; ready when GET /health
+                  answers
       gateway     `kvgate gateway` on KVGATE_BIND_HOST:KVGATE_GATEWAY_PORT (OpenAI API
                   under /v1), ready when GET /readyz answers
 
@@ -47,7 +49,7 @@ def up() -> None:
 
     \b
     Ctrl-C or SIGTERM stops every part it started, newest first: SIGTERM, then
-    SIGKILL after KVGATE_STOP_TIMEOUT seconds (SeaweedFS alone would take ~25s to
+    SIGKILL (to descendants too) after KVGATE_STOP_TIMEOUT seconds (SeaweedFS alone would take ~25s to
     finish its graceful shutdown; it is killed at the timeout, its data files are
     written through); the embedded PostgreSQL is stopped with `pg_ctl stop` unless
     another kvgate process still uses it. Exit status: 0 after a requested

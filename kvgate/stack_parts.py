@@ -17,6 +17,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 
+from kvgate.models import DEFAULT_MODEL
 from kvgate.services.postgres import embedded_postgres
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
 from kvgate.settings import Settings, mask_url_password
@@ -38,9 +39,41 @@ def stack_parts(settings: Settings) -> list[Part]:
         # The worker comes before the gateway so that the gateway stops taking requests
         # before the worker drains.
         logging_service(settings, "tierd", kvgate_argv("tierd"), r"^tierd: .*$"),
-        http_service(settings, "worker", kvgate_argv("worker"), settings.worker_port, "/health"),
+        http_service(
+            settings, "worker", registered_worker_argv(settings), settings.worker_port, "/health"
+        ),
         http_service(settings, "gateway", kvgate_argv("gateway"), settings.gateway_port, "/readyz"),
     ]
+
+
+def registered_worker_argv(settings: Settings) -> list[str]:
+    """``kvgate worker`` under ``kvgate agent``, which keeps it in the worker registry
+    (where the gateway finds it) and, on SIGTERM, deregisters and lets in-flight requests
+    finish before it stops the worker."""
+    url = f"http://{settings.bind_host}:{settings.worker_port}"
+    return kvgate_argv(
+        "agent",
+        f"--url={url}",
+        f"--model={served_model_id(settings.worker_model)}",
+        f"--capacity={settings.worker_max_batch}",
+        "--",
+        *kvgate_argv("worker"),
+    )
+
+
+def served_model_id(worker_model: str | None) -> str:
+    """The model id ``kvgate worker`` serves for ``KVGATE_WORKER_MODEL``.
+
+    Mirrors ``kvgate.serving.load_model``, which cannot be imported here without torch
+    (seconds of start-up for the supervisor): the default model's id, ``tiny-random``
+    as is, or a weights file's stem / directory's name in lower case.
+    """
+    if worker_model is None:
+        return DEFAULT_MODEL
+    if worker_model == "tiny-random":
+        return worker_model
+    path = Path(worker_model)
+    return (path.stem if path.is_file() else path.name).lower()
 
 
 def http_service(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import psutil
 
 from kvgate.stack import PartError, Ready
 
@@ -127,16 +128,32 @@ class ProcessPart:
         )
 
     def stop(self) -> None:
-        """SIGTERM the child's process group, SIGKILL whatever is left after the timeout."""
+        """SIGTERM the child's process group, SIGKILL whatever is left after the timeout.
+
+        "Whatever is left" includes the child's descendants that run in sessions of their
+        own (a supervisor child such as ``kvgate agent`` starts its engine that way), which
+        the group signal does not reach: they are noted before the SIGTERM, and those
+        still running once the child is gone are killed, so that none is orphaned.
+        """
         if self._proc is not None:
+            descendants = self._descendants()
             self._signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(self._stop_timeout)
-            # the group may outlive its leader (a service's own helpers): nothing may remain
             self._signal_group(signal.SIGKILL)
             self._proc.wait()
+            for process in descendants:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()  # psutil checks it is still the same process first
         if self._log is not None:
             self._log.close()
+
+    def _descendants(self) -> list[psutil.Process]:
+        assert self._proc is not None
+        try:
+            return psutil.Process(self._proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
 
     @property
     def pid(self) -> int | None:

@@ -140,13 +140,18 @@ def test_part_that_never_answers_times_out_with_the_last_probe_error(tmp_path: P
     assert silent.pid is not None and not psutil.pid_exists(silent.pid)
 
 
-def test_child_that_ignores_sigterm_is_killed_with_its_own_children(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_session", [False, True], ids=["same-group", "own-session"])
+def test_child_that_ignores_sigterm_is_killed_with_its_own_children(
+    tmp_path: Path, own_session: bool
+) -> None:
+    """Its children die too, even one in a session of its own (out of the group's reach)."""
     pids = tmp_path / "pids"
     script = (
         "import os, signal, subprocess, sys, time, pathlib\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "kid = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], "
+        f"start_new_session={own_session})\n"
         f"pathlib.Path({str(pids)!r}).write_text(f'{{os.getpid()}} {{kid.pid}}')\n"
         "time.sleep(60)\n"
     )

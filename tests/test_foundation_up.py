@@ -59,11 +59,18 @@ class Lines:
 
 
 def processes_referencing(home: Path) -> list[str]:
-    """Command lines of live processes that mention ``home`` (ours would: -D, -dir=...)."""
+    """Live processes of that stack: ``home`` in their command line (postgres -D, weed
+    -dir=...) or as the KVGATE_HOME they inherited (every child of ``kvgate up``)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(str(home) in a for a in cmdline):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            inherited = proc.environ().get("KVGATE_HOME") == str(home)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            inherited = False
+        if inherited or any(str(home) in arg for arg in cmdline):
             found.append(" ".join(cmdline))
     return found
 
@@ -110,8 +117,33 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
         lines.wait_for(rf"^ready  worker  http://127\.0\.0\.1:{worker_port}$", STARTUP_DEADLINE_S)
         lines.wait_for(rf"^ready  gateway  http://127\.0\.0\.1:{port}$", STARTUP_DEADLINE_S)
         lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
-        assert processes_referencing(home), "expected postgres and weed running from KVGATE_HOME"
+        # the worker is in the registry: the gateway lists its model and routes to it
+        gateway = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while "tiny-random" not in _model_ids(gateway) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "tiny-random" in _model_ids(gateway)
+        reply = httpx.post(
+            f"{gateway}/chat/completions",
+            json={
+                "model": "tiny-random",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            },
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+        running = " | ".join(processes_referencing(home))
+        for process in (
+            "bin/postgres",
+            "weed server",
+            "kvgate agent",
+            "kvgate worker",
+            "kvgate gateway",
+            "kvgate tierd",
+        ):
+            assert process in running, f"{process} not found among {running}"
 
         second = subprocess.run(
             [sys.executable, "-m", "kvgate", "up"],
@@ -150,6 +182,10 @@ def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path)
         "stopped  postgres",
     ]
     assert processes_referencing(home) == []
+
+
+def _model_ids(base_url: str) -> list[str]:
+    return [m["id"] for m in httpx.get(f"{base_url}/models", timeout=10).json()["data"]]
 
 
 def test_failing_part_stops_the_stack_and_is_named(home: Path) -> None:
