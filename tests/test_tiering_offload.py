@@ -93,7 +93,7 @@ async def restore_from_each_tier(
     model: tuple[ModelConfig, Any], prompt: list[int], other: list[int], n_new: int,
     pg_dsn: str, db: str, nas_dir: Path, s3: S3Endpoint,
 ) -> None:  # fmt: skip
-    """Acceptance 1, 4 and 2 on ``model``: restore from L2, L3, L4; other tenant; corruption."""
+    """Acceptance 1, 2 and 4 on ``model``: restore from L2, L3, L4; corruption; other tenant."""
     config, state = model
     obj_cfg = object_config(s3)
     cold = _engine(config, state, pages=256)
@@ -138,11 +138,26 @@ async def restore_from_each_tier(
         assert report.demoted > 0 and report.nas_bytes == 0
         await again("object")
 
+        # a flipped byte in the first page's S3 object: a counted miss, deleted, same output
+        await evict_prompt()
+        _on_store(offload, lambda s: s.host.clear())
+        first = offload.namespace("").page_keys(prompt)[0]
+        async with ObjectTier(obj_cfg) as obj:
+            await Tierd(pool, nas, obj, TierdConfig(nas_high_bytes=1, nas_low_bytes=0)).run_pass()
+            name = obj.object_name(first)
+            resp = await obj._client.get_object(Bucket=obj_cfg.bucket, Key=name)
+            raw = bytearray(await resp["Body"].read())
+            raw[-1] ^= 0x01
+            await obj._client.put_object(Bucket=obj_cfg.bucket, Key=name, Body=bytes(raw))
+            await again("none")
+            assert offload.stats()["tiers"]["object"].corruptions == 1
+            assert await obj.longest_prefix([first]) == 0
+
         # another tenant sends the same prompt: nothing of the first tenant's is used
         await evict_prompt()
         _on_store(offload, lambda s: s.host.clear())
         await again("none", salt="other-tenant")
-        # a flipped byte in the first NAS page: a counted miss, the output unchanged
+        # a flipped byte in the first NAS page: a counted miss, deleted, the output unchanged
         await evict_prompt()
         _on_store(offload, lambda s: s.host.clear())
         ns_b = offload.namespace("other-tenant")
