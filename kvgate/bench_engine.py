@@ -49,6 +49,11 @@ class Figures:
     hf_prefill_tps: dict[int, float] = field(default_factory=dict)
     hf_decode_tps: dict[int, float] = field(default_factory=dict)
     decode_steps: int = 0
+    #: every roofline sample (GFLOP/s); ``matmul_gflops`` is the best
+    matmul_samples: list[float] = field(default_factory=list)
+    #: 1-minute load average at the start and the end: above the CPU count, other processes
+    #: competed for the cores and every figure is a lower bound
+    load_average: tuple[float, float] = (0.0, 0.0)
 
     def targets(self) -> list[tuple[str, bool, str]]:
         """(target, met, the figures behind the verdict) for each of the engine's targets."""
@@ -148,7 +153,8 @@ async def measure(
     """Run every measurement on the model ``options`` selects; ``say`` reports progress.
 
     Each figure is the best of a few repetitions: on a shared machine the best run is the
-    one least disturbed by other processes, which is what we want to compare.
+    one least disturbed by other processes, which is what we want to compare. For the same
+    reason the roofline is sampled next to every measurement and its best sample kept.
     """
     loaded = load_model(options)
     steps, reps = (16, 1) if quick else (64, 3)
@@ -156,9 +162,16 @@ async def measure(
         model=loaded.model_id,
         machine=machine(),
         threads=torch.get_num_threads(),
-        matmul_gflops=matmul_gflops(),
+        matmul_gflops=0.0,
         decode_steps=steps,
+        load_average=(os.getloadavg()[0], 0.0),
     )
+
+    def roofline() -> None:
+        figures.matmul_samples.append(matmul_gflops())
+        figures.matmul_gflops = max(figures.matmul_samples)
+
+    roofline()
     say(f"matmul roofline: {figures.matmul_gflops:.1f} GFLOP/s")
     vocab = loaded.config.vocab_size
     prompts = {n: random_prompts(1, n, vocab, seed=i)[0] for i, n in enumerate(PROMPT_LENGTHS)}
@@ -167,6 +180,7 @@ async def measure(
         # Warm-up: first-call allocations and kernel selection are not what we measure.
         await engine_prefill_tps(engine, random_prompts(1, 32, vocab, seed=99)[0])
         for n, prompt in prompts.items():
+            roofline()
             best = max([await engine_prefill_tps(engine, prompt) for _ in range(reps)])
             figures.prefill_tps[n] = best
             figures.prefill_gflops[n] = prefill_flops(loaded.config, n) * best / n / 1e9
@@ -175,9 +189,7 @@ async def measure(
             best = max([await engine_decode_tps(engine, batch, steps) for _ in range(reps)])
             figures.decode_tps[b] = best
             say(f"kvgate decode batch {b}: {best:.1f} tok/s")
-    # Other processes may have shared the CPU during the first measurement; the roofline is
-    # what the machine can do, so keep the better of two.
-    figures.matmul_gflops = max(figures.matmul_gflops, matmul_gflops())
+    roofline()
     if with_hf:
         hf = HFBaseline(loaded.config, loaded.state)
         hf.prefill_tokens_per_s(random_prompts(1, 32, vocab, seed=99)[0])  # warm-up, as ours
@@ -189,6 +201,11 @@ async def measure(
                 hf.decode_tokens_per_s(batches[b], steps) for _ in range(reps)
             )
             say(f"transformers decode batch {b}: {figures.hf_decode_tps[b]:.1f} tok/s")
+    roofline()
+    say(
+        f"matmul roofline, best of {len(figures.matmul_samples)} samples: {figures.matmul_gflops:.1f}"
+    )
+    figures.load_average = (figures.load_average[0], os.getloadavg()[0])
     return figures
 
 
@@ -204,8 +221,10 @@ def render(figures: Figures) -> str:
         "Written by `kvgate bench engine`; every figure comes from the same run on the same machine.",
         "",
         f"- model: `{figures.model}`, fp32 on CPU, {figures.threads} torch threads",
-        f"- machine: {figures.machine}",
-        f"- fp32 matmul roofline (2048x2048x2048): **{figures.matmul_gflops:,.1f} GFLOP/s**",
+        f"- machine: {figures.machine}; 1-minute load average {figures.load_average[0]:.1f} "
+        f"at the start, {figures.load_average[1]:.1f} at the end",
+        f"- fp32 matmul roofline (2048x2048x2048, best of {len(figures.matmul_samples)} samples "
+        f"taken next to the measurements): **{figures.matmul_gflops:,.1f} GFLOP/s**",
         f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request",
         "",
         "## Prefill (one request, cold cache)",
