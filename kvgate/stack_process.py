@@ -1,7 +1,7 @@
 """A stack part that is a child process: command line, environment, readiness probe, log file.
 
-Every long-running service of ``kvgate up`` (SeaweedFS now; the gateway, a worker and
-tierd as their commands appear) is one ``ProcessPart``. The child runs in a session of its
+Every long-running service of ``kvgate up`` (SeaweedFS, tierd, the worker under its
+agent, the gateway) is one ``ProcessPart``. The child runs in a session of its
 own, so a Ctrl-C in the terminal reaches only the supervisor, which then stops the
 children in order; on Linux the child also gets SIGTERM if the supervisor itself dies
 without cleaning up, so a ``kill -9`` of ``kvgate up`` does not leave services running.
