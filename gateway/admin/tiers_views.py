@@ -97,7 +97,8 @@ async def charts(db: Any) -> list[Any]:
     tier over the last hours, from the samples."""
     rows = await db.fetch(
         """
-        SELECT minute, tier, worker_id = $2 AS ledger, sum(used_bytes), sum(hits), sum(misses)
+        SELECT minute, tier, worker_id = $2 AS ledger, sum(used_bytes)::float8,
+               sum(hits)::float8, sum(misses)::float8
         FROM tier_samples WHERE minute > now() - make_interval(hours => $1)
         GROUP BY 1, 2, 3 ORDER BY 1
         """,
@@ -161,8 +162,9 @@ class TierViews:
         for w in workers:
             for t in w.scrape.tiers.values():
                 total = totals.setdefault(t.tier, TierFigures(t.tier))
-                for name in ("used_bytes", "items", "hits", "misses", "corruptions", "failures"):
-                    setattr(total, name, getattr(total, name) + getattr(t, name))
+                for name in vars(total):
+                    if name != "tier":
+                        setattr(total, name, getattr(total, name) + getattr(t, name))
         errors = await self.site.db.fetch(
             """
             SELECT worker_id, tier, max(failures) - min(failures) AS recent

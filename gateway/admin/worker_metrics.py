@@ -14,18 +14,24 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 _PREFIX = "kvgate_worker_tier_"
-_FIELDS = ("used_bytes", "items", "hits", "misses", "corruptions")
+_FIELDS = ("used_bytes", "items", "hits", "misses", "bytes_read", "bytes_written", "corruptions")
 
 
 @dataclass
 class TierFigures:
-    """One tier's figures on one worker (counters are totals since the worker started)."""
+    """One tier's figures on one worker (counters are totals since the worker started).
+
+    ``used_bytes``/``items`` are what the worker holds itself (host RAM); the shared tiers'
+    contents are the ledger's to say, so for them ``bytes_written`` is the worker's part.
+    """
 
     tier: str
     used_bytes: int = 0
     items: int = 0
     hits: int = 0
     misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
     corruptions: int = 0
     failures: int = 0
 
