@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-from tiering_support import chain, namespace, object_config
+from tiering_support import chain, namespace, object_config, read_only
 
 from kvgate.services.ports import free_port
 from kvgate.services.postgres import create_pool
@@ -21,23 +17,6 @@ from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectTier
 
 PAGE = 1024  # tokens per page as the cost model sees them: lenient deadlines
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """Make ``path`` read-only for this process: a read-only bind mount as root, else chmod."""
-    if os.geteuid() == 0:
-        subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["umount", str(path)], check=True)
-    else:
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(0o755)
 
 
 async def test_read_only_nas_counts_write_failures_and_keeps_serving(nas_dir: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from engine_support import TinyModel, greedy, run, tiny_llama, tokens
-from tiering_support import fresh_database, object_config
+from tiering_support import fresh_database, object_config, read_only
 
 from kvgate.services.ports import free_port
 from kvgate.services.postgres import create_pool
@@ -212,7 +212,7 @@ async def test_smollm2_restores_from_every_tier(
 
 
 async def test_broken_backends_only_cost_cache_hits(nas_dir: Path, s3_server: S3Endpoint) -> None:
-    """Postgres unreachable, S3 pointing at a dead port: the engine serves by recompute."""
+    """Postgres unreachable, S3 on a dead port, then a read-only NAS: answers stay right."""
     dead_s3 = ObjectConfig(
         endpoint_url=f"http://127.0.0.1:{free_port()}", bucket="kvtest", access_key="x",
         secret_key="y", max_attempts=1, connect_timeout=0.2,
@@ -233,6 +233,12 @@ async def test_broken_backends_only_cost_cache_hits(nas_dir: Path, s3_server: S3
         assert again[-1].cached_by_tier.get("nas") == 64  # the NAS alone still serves
         failures = offload.stats()["failures"]
         assert failures.get("ledger.record", 0) >= 1 and failures.get("ledger.lookup", 0) >= 1
+        with read_only(nas_dir):  # and now the NAS refuses writes too
+            await run(engine, "d", other, greedy(4))
+            offload.drain()
+            _on_store(offload, lambda s: s.host.clear())
+            assert tokens(await run(engine, "e", prompt, greedy(6))) == expected
+            assert offload.stats()["failures"].get("nas.write", 0) >= 1
     finally:
         engine.close()
         cold.close()

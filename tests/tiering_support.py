@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import numpy as np
@@ -68,3 +71,20 @@ async def fresh_database(pg_dsn: str) -> AsyncIterator[str]:
         await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` read-only for this process: a read-only bind mount as root, else chmod."""
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", str(path)], check=True)
+    else:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
