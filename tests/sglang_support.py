@@ -59,9 +59,13 @@ def host_pool(layout: str = "page_first", pages: int = 32) -> MHAHostPoolReplica
     )
 
 
-def create_backend(opts: SGLangBackendOptions, pool: MHAHostPoolReplica, *, tp_rank: int = 0):
+def create_backend(
+    opts: SGLangBackendOptions, pool: MHAHostPoolReplica, *, tp_rank: int = 0, register: bool = True
+):
     """A backend as SGLang attaches it, as rank ``tp_rank`` of 2."""
-    return attach(opts, pool, tp_rank=tp_rank, tp_size=2, model_name="org/test-model")
+    return attach(
+        opts, pool, tp_rank=tp_rank, tp_size=2, model_name="org/test-model", register=register
+    )
 
 
 def sglang_keys(n_pages: int, salt: str | None = None, first: int = 0) -> list[str]:

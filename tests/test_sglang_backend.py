@@ -67,8 +67,12 @@ def make(
 
     def _make(pool: MHAHostPoolReplica | None = None, **kw: object) -> KvgateHiCacheStorage:
         tp_rank = int(kw.pop("tp_rank", 0))  # type: ignore[call-overload]
+        register = bool(kw.pop("register", True))
         backend = create_backend(
-            options(nas_dir, s3_server, prefix, **kw), pool or host_pool(), tp_rank=tp_rank
+            options(nas_dir, s3_server, prefix, **kw),
+            pool or host_pool(),
+            tp_rank=tp_rank,
+            register=register,
         )
         made.append(backend)
         return backend  # type: ignore[return-value]
@@ -336,9 +340,7 @@ def test_failure_injector_never_raises_into_sglang_threads(
     backend.clear()
 
 
-def test_unreachable_postgres_and_early_calls_never_raise(
-    make: Make, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unreachable_postgres_never_raises(make: Make, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DATABASE_URL_ENV, "postgresql://nobody@127.0.0.1:9/none")
     src = host_pool()
     idx = src.alloc(2 * PAGE)
@@ -396,3 +398,13 @@ def test_a_full_write_queue_refuses_the_batch_tail(make: Make) -> None:
     backend.flush()
     assert backend.batch_exists(keys) == 2
     assert backend.stats()["backend"]["pages_dropped"] == 4
+
+
+def test_calls_before_the_host_pool_is_registered_never_raise(make: Make) -> None:
+    backend = make(register=False)
+    keys = sglang_keys(2, salt="early")
+    assert backend.batch_exists(keys) == 0
+    assert backend.batch_set_v1(keys, torch.arange(2 * PAGE)) == [False, False]
+    assert backend.batch_get_v1(keys, torch.arange(2 * PAGE)) == [False, False]
+    assert backend.batch_get(keys) == [None, None]
+    assert backend.set(keys[0], torch.zeros(4)) is False

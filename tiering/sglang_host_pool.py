@@ -136,8 +136,12 @@ def attach(
     tp_rank: int = 0,
     tp_size: int = 1,
     model_name: str = "",
+    register: bool = True,
 ) -> Any:
     """What SGLang's HiCacheController does on attach: the factory's dynamic path, then register.
+
+    ``register=False`` stops before registering the host pool (SGLang's threads may call in
+    that window).
 
     Returns what SGLang would hold: our backend, or SGLang's failure injector around it
     when ``SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE`` is set.
@@ -160,5 +164,6 @@ def attach(
         extra_config=options.to_extra_config(),
     )
     backend = StorageBackendFactory.create_backend("dynamic", config, pool)
-    backend.register_mem_pool_host(pool)
+    if register:
+        backend.register_mem_pool_host(pool)
     return backend
