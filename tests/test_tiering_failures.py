@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
+import pytest
 from tiering_support import chain, namespace, object_config, read_only
 
 from kvgate.services.ports import free_port
@@ -80,3 +83,24 @@ async def test_unreachable_postgres_falls_back_to_the_nas_and_counts(nas_dir: Pa
     assert store.ledger is not None and store.ledger.pending_touches == 3  # kept for a retry
     await pool.close()
     nas.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tiny tmpfs as the full NAS needs root")
+async def test_full_nas_counts_write_failures_and_leaves_no_partial_files(tmp_path: Path) -> None:
+    full = tmp_path / "full-nas"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        nas = NasTier(NasConfig(full, fsync=False))
+        store = await TieredStore(HostTier(1 << 30), nas=nas).start()
+        blocks = chain(namespace(), 4, elems=16 << 10)  # 32 KiB pages: the third cannot fit
+        store.offer(blocks)
+        await store.drain()
+        assert store.counters["write_failed"] >= 1
+        assert store.failures.count("nas", "write") >= 1
+        assert [e for e in nas.scan() if e.key is None] == []  # failed temporaries removed
+        assert store.host.prefix_now([b.key for b in blocks]) == 4  # still served from RAM
+        await store.close()
+        nas.close()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
