@@ -1,4 +1,4 @@
-"""Broken backends become counted misses: read-only NAS, stopped S3, unreachable Postgres."""
+"""Broken backends become counted misses: read-only or full NAS, stopped S3, unreachable Postgres."""
 
 from __future__ import annotations
 
