@@ -83,3 +83,20 @@ async def test_greedy_32_steps_match_transformers_generate() -> None:
             assert len(set(ours)) > 4  # the random model really varies its output
     finally:
         engine.close()
+
+
+async def test_half_precision_paths_run_and_track_float32() -> None:
+    """The CUDA dtypes (bf16/fp16), exercised on CPU: masks, RoPE tables and KV follow them."""
+    model = tiny_llama(seed=3)
+    ids = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    firsts = []
+    for dtype in ("float32", "bfloat16", "float16"):
+        engine = tiny_engine(model, dtype=dtype, token_budget=16)  # chunked: masks are used
+        try:
+            assert engine.pool.layout.dtype == dtype
+            out = tokens(await run(engine, dtype, ids, greedy(16)))
+        finally:
+            engine.close()
+        assert len(out) == 16
+        firsts.append(out[:4])
+    assert firsts[1] == firsts[0] and firsts[2] == firsts[0]
