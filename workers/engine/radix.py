@@ -66,6 +66,9 @@ class RadixCache:
         self.page_size = pool.page_size
         self.on_evict = on_evict
         self._roots: dict[str, _Node] = {}
+        # page nodes without children: eviction candidates (when unpinned), kept up to date
+        # so that eviction looks at one node per cached sequence, not at every page
+        self._leaves: set[_Node] = set()
         self._clock = itertools.count(1)
         self._pages = 0
         self._pinned = 0  # nodes with ref > 0
@@ -132,6 +135,8 @@ class RadixCache:
             if child is None:
                 child = node.children[key] = _Node(namespace, node, key, page)
                 self._pages += 1
+                self._leaves.discard(node)
+                self._leaves.add(child)
             child.last_access = now
             held.append(child.page)  # type: ignore[arg-type]
             node = child
@@ -154,14 +159,7 @@ class RadixCache:
 
     # --- eviction -------------------------------------------------------------------------------
     def _evictable_leaves(self) -> list[tuple[int, int, _Node]]:
-        out: list[tuple[int, int, _Node]] = []
-        stack = list(self._roots.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.page is not None and not node.children and node.ref == 0:
-                out.append((node.last_access, id(node), node))
-        return out
+        return [(n.last_access, id(n), n) for n in self._leaves if n.ref == 0]
 
     def _chain(self, node: _Node) -> tuple[int, ...]:
         keys = [n.key for n in node.path()]
@@ -185,12 +183,15 @@ class RadixCache:
             parent = node.parent
             assert parent is not None
             del parent.children[node.key]
+            self._leaves.discard(node)
             victims.append(node)
             if parent.page is None:
                 if not parent.children:
                     del self._roots[parent.namespace]
-            elif not parent.children and parent.ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            elif not parent.children:
+                self._leaves.add(parent)
+                if parent.ref == 0:
+                    heapq.heappush(heap, (parent.last_access, id(parent), parent))
         if not victims:
             return 0
         pages = [v.page for v in victims]
