@@ -6,7 +6,7 @@ SGLang, each streamed event carries the text generated so far, not just the new 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -122,7 +122,7 @@ def _result(rid: str, text: str, output_ids: list[int], delta: TextDelta) -> dic
     }
 
 
-async def _stream(rid: str, deltas: AsyncIterator[TextDelta]) -> AsyncIterator[bytes]:
+async def _stream(rid: str, deltas: AsyncIterator[TextDelta]) -> AsyncGenerator[bytes, None]:
     """SSE events with the cumulative text, ending with ``data: [DONE]``."""
     text, ids = "", []
     async with aclosing(deltas):

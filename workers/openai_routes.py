@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -159,7 +159,7 @@ class _Shape:
 
     async def stream(
         self, deltas: AsyncIterator[TextDelta], include_usage: bool
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """SSE events of a streamed completion, ending with ``data: [DONE]``."""
         usage_field = {"usage": None} if include_usage else {}
         if self.kind == _CHAT:

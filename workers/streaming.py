@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from protocol.openai_errors import error_body
+from protocol.openai_requests import RequestError
 
 T = TypeVar("T")
 
@@ -29,19 +32,39 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-def sse_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
-    """A streaming ``text/event-stream`` response that ends an engine failure with an error event."""
+class _ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body iterator when it ends, however it ends.
 
-    async def guarded() -> AsyncIterator[bytes]:
+    Starlette leaves an iterator it stopped early (client gone) to the garbage collector;
+    closing it here aborts the engine request at once and deterministically.
+    """
+
+    body_iterator: AsyncGenerator[bytes, None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for event in events:
-                yield event
-        except Exception as exc:
-            # Headers are gone already: tell the client in-band, as OpenAI does.
-            yield sse(error_body(500, f"generation failed: {exc}"))
-            yield DONE
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
-    return StreamingResponse(
+
+def sse_response(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> StreamingResponse:
+    """A streaming ``text/event-stream`` response that ends a failure with an error event."""
+
+    async def guarded() -> AsyncGenerator[bytes, None]:
+        async with aclosing(events):
+            try:
+                async for event in events:
+                    yield event
+            except RequestError as exc:  # refused once the stream had started
+                yield sse(error_body(exc.status, exc.message, param=exc.param, code=exc.code))
+                yield DONE
+            except Exception as exc:
+                # Headers are gone already: tell the client in-band, as OpenAI does.
+                yield sse(error_body(500, f"generation failed: {exc}"))
+                yield DONE
+
+    return _ClosingStreamingResponse(
         guarded(),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
