@@ -80,7 +80,7 @@ class ObjectTier:
                 region_name=c.region,
             )
             boto_cfg = Config(
-                retries={"mode": "standard", "max_attempts": c.max_attempts},
+                retries={"mode": "standard", "total_max_attempts": c.max_attempts},
                 connect_timeout=c.connect_timeout,
                 read_timeout=c.read_timeout,
                 max_pool_connections=c.max_concurrency,

@@ -1,0 +1,94 @@
+"""The object tier retries S3 throttling and 5xx with backoff, then gives up as a tier failure.
+
+A small reverse proxy in front of the real SeaweedFS answers the first requests with
+``503 SlowDown`` (S3's throttling reply) and forwards the rest unchanged, so the retries
+run against real HTTP errors and then real S3 responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import aiohttp
+import pytest
+from aiohttp import web
+from tiering_support import chain, namespace, object_config
+
+from kvgate.services.seaweed import S3Endpoint
+from tiering.tiers.base import TierError
+from tiering.tiers.object import ObjectTier
+
+_SLOW_DOWN = (
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    "<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class ThrottlingProxy:
+    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with a 503."""
+
+    def __init__(self, upstream: str, refuse: int) -> None:
+        self.upstream = upstream
+        self.refuse = refuse
+        self.seen = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen += 1
+        if self.seen <= self.refuse:
+            return web.Response(status=503, text=_SLOW_DOWN, content_type="application/xml")
+        body = await request.read()
+        # Host is forwarded unchanged: it is part of the SigV4 signature
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.request(
+                request.method,
+                self.upstream + request.rel_url.raw_path_qs,
+                headers=request.headers,
+                data=body,
+            ) as resp,
+        ):
+            payload = await resp.read()
+            headers = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in ("transfer-encoding", "content-length", "connection")
+            }
+            return web.Response(status=resp.status, body=payload, headers=headers)
+
+
+@pytest.fixture
+async def proxy(s3_server: S3Endpoint) -> AsyncIterator[tuple[ThrottlingProxy, str]]:
+    throttle = ThrottlingProxy(s3_server.url, refuse=0)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", throttle.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield throttle, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_throttled_reads_are_retried_until_they_succeed(s3_server, proxy) -> None:
+    throttle, url = proxy
+    cfg = object_config(s3_server, max_attempts=4)
+    blocks = chain(namespace(), 1)
+    async with ObjectTier(cfg) as direct:
+        await direct.put_many(blocks)
+    throttle.refuse = 2
+    async with ObjectTier(replace(cfg, endpoint_url=url)) as tier:
+        (got,) = await tier.get_many([blocks[0].key])
+    assert got is not None and bytes(got.payload) == bytes(blocks[0].payload)
+    assert throttle.seen == 3  # two 503s, then the real answer
+
+
+async def test_throttling_beyond_the_retry_budget_is_a_tier_error(s3_server, proxy) -> None:
+    throttle, url = proxy
+    throttle.refuse = 100
+    cfg = replace(object_config(s3_server, max_attempts=2), endpoint_url=url)
+    async with ObjectTier(cfg) as tier:
+        with pytest.raises(TierError, match=r"SlowDown|503"):
+            await tier.get_many([chain(namespace(), 1)[0].key])
+    assert throttle.seen == 2
