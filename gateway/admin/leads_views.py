@@ -16,6 +16,14 @@ from gateway.web.sessions import SessionUser
 from gateway.web.site import Site, text_field
 
 
+def _cell(value: object) -> object:
+    """A CSV cell that a spreadsheet will not run: text a visitor typed could start with
+    ``=``, ``+``, ``-`` or ``@`` and become a formula (OWASP's CSV injection)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def _filters(params: QueryParams) -> pipeline.Filters:
     owner = params.get("owner", "")
     return pipeline.Filters(
@@ -110,7 +118,7 @@ class LeadViews:
         filters = _filters(request.query_params)
         leads = await pipeline.search(self.site.db, filters, self.config.uncontacted_after_s)
         out = io.StringIO()
-        rows = [pipeline.csv_row(lead) for lead in leads]
+        rows = [{k: _cell(v) for k, v in pipeline.csv_row(lead).items()} for lead in leads]
         fieldnames = list(rows[0]) if rows else ["id"]
         writer = csv.DictWriter(out, fieldnames=fieldnames)
         writer.writeheader()

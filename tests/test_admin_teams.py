@@ -1,0 +1,108 @@
+"""/admin teams: the list and a team's page; suspension blocks the team's keys on a real
+gateway (and a key made during it), unsuspension restores exactly the keys it blocked."""
+
+from __future__ import annotations
+
+import asyncpg
+import httpx
+import pytest
+from accounts_support import form_token
+from gateway_support import (
+    apoll,
+    deregister,
+    gateway_process,
+    register_workers,
+    stub_upstream,
+    team_key,
+    unique,
+)
+from site_support import site_app, staff_account
+
+from gateway import accounts
+
+
+async def _status(client: httpx.AsyncClient, model: str, secret: str) -> int:
+    response = await client.post(
+        "/v1/chat/completions",
+        headers={"authorization": f"Bearer {secret}"},
+        json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    return response.status_code
+
+
+async def test_suspension_blocks_the_teams_keys_on_the_gateway_until_lifted(
+    pg_dsn: str, pg_pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    team_id, secret = await team_key(pg_pool)
+    team = await pg_pool.fetchval("SELECT name FROM teams WHERE id = $1", team_id)
+    revoked_before, _ = await accounts.create_key(pg_pool, team, "old")
+    await accounts.revoke_key(pg_pool, revoked_before.id)
+    app = site_app(pg_pool)
+    staff = await staff_account(pg_pool, app, caplog)
+    page = f"/admin/teams/{team_id}"
+    model, worker = unique("m-suspend"), unique("w-suspend")
+    with stub_upstream(worker) as (upstream, _):
+        await register_workers(pg_pool, model, {worker: upstream})
+        try:
+            with gateway_process(pg_dsn) as (url, _):
+                async with httpx.AsyncClient(base_url=url, timeout=30) as gw:
+                    assert await _status(gw, model, secret) == 200
+
+                    token = await form_token(staff.client, page)
+                    suspended = await staff.client.post(
+                        page + "/suspend", data={"csrf_token": token, "reason": "chargeback"}
+                    )
+                    assert suspended.status_code == 303
+                    await apoll(lambda: _status(gw, model, secret), lambda s: s == 401, 10)
+                    # A key created while suspended does not work either.
+                    _, during = await accounts.create_key(pg_pool, team, "during")
+                    assert await _status(gw, model, during) == 401
+                    assert "suspended since" in (await staff.client.get(page)).text
+
+                    lifted = await staff.client.post(
+                        page + "/unsuspend", data={"csrf_token": token}
+                    )
+                    assert lifted.status_code == 303
+                    await apoll(lambda: _status(gw, model, secret), lambda s: s == 200, 10)
+                    assert await _status(gw, model, during) == 200
+        finally:
+            await deregister(pg_pool, [worker])
+    # The key revoked before the suspension stays revoked.
+    still = await pg_pool.fetchval(
+        "SELECT revoked_at FROM api_keys WHERE id = $1", revoked_before.id
+    )
+    assert still is not None
+    actions = await pg_pool.fetch(
+        "SELECT action, actor_email, after FROM admin_audit WHERE target = $1 ORDER BY id",
+        f"team:{team_id}",
+    )
+    assert [a["action"] for a in actions] == ["team.suspend", "team.unsuspend"]
+    assert all(a["actor_email"] == staff.email for a in actions)
+    assert "chargeback" in actions[0]["after"]
+
+
+async def test_suspending_twice_is_refused_and_the_lists_show_plan_usage_and_keys(
+    pg_pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    team_id, _ = await team_key(pg_pool)
+    team = await pg_pool.fetchval("SELECT name FROM teams WHERE id = $1", team_id)
+    await pg_pool.execute(
+        "INSERT INTO usage_daily (day, team_id, model, requests, prompt_tokens, "
+        "completion_tokens) VALUES (current_date, $1, 'm', 7, 1000, 234)",
+        team_id,
+    )
+    app = site_app(pg_pool)
+    staff = await staff_account(pg_pool, app, caplog)
+    listing = (await staff.client.get("/admin/teams", params={"q": team})).text
+    row = listing[listing.index(team) :]
+    assert "team" in row and "1,234" in row and ">7<" in row
+    page = f"/admin/teams/{team_id}"
+    token = await form_token(staff.client, page)
+    data = {"csrf_token": token, "reason": "abuse"}
+    assert (await staff.client.post(page + "/suspend", data=data)).status_code == 303
+    again = await staff.client.post(page + "/suspend", data=data)
+    assert again.status_code == 400 and "already suspended" in again.text
+    html = (await staff.client.get(page)).text
+    assert 'class="revoked"' in html  # its key, blocked
+    usage = (await staff.client.get("/admin/usage")).text
+    assert team in usage and "svg" in usage
