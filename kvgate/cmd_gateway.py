@@ -13,7 +13,7 @@ from gateway.config import GatewayConfig
 from kvgate.accounts_config import accounts_config
 from kvgate.database import settings_database
 from kvgate.settings import Settings, load_settings
-from kvgate.site_config import site_config
+from kvgate.site_config import one_secret_per_process, site_config
 from migrations import runner
 
 
@@ -30,7 +30,7 @@ def gateway_config(settings: Settings, dsn: str) -> GatewayConfig:
         upstream_timeout_s=settings.gateway_upstream_timeout_s,
         db_pool_min=min(settings.db_pool_min, settings.db_pool_max),
         db_pool_max=settings.db_pool_max,
-        accounts=accounts_config(settings),
+        accounts=one_secret_per_process(accounts_config(settings)),
         site=site_config(settings),
     )
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import secrets
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.site.config import SiteConfig
+from gateway.web.config import AccountsConfig
 from kvgate.settings import Settings
 
 #: Where `kvgate bench` writes its reports in a checkout.
@@ -20,3 +23,15 @@ def site_config(settings: Settings) -> SiteConfig:
         uncontacted_after_s=settings.lead_uncontacted_after_s,
         benchmarks_dir=settings.benchmarks_dir or DEFAULT_BENCHMARKS,
     )
+
+
+def one_secret_per_process(accounts: AccountsConfig) -> AccountsConfig:
+    """``accounts`` with a random session secret when none is configured.
+
+    The console's and the site's pages are two ``Site`` objects, and an empty secret gives
+    each its own random CSRF key — then the site's "Log out" button (a console form) would
+    fail its check. One random secret for the whole process keeps "random per process".
+    """
+    if accounts.session_secret:
+        return accounts
+    return replace(accounts, session_secret=secrets.token_hex(32))
