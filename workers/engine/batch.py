@@ -114,10 +114,11 @@ def build_batch(
         width = -(-ctx_max // page_size)
         rows = [list(chunks[i].pages[:width]) for i in decode]
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
-        lens = torch.tensor([chunks[i].start + 1 for i in decode], dtype=torch.long)
+        lengths = [chunks[i].start + 1 for i in decode]
+        lens = torch.tensor(lengths, dtype=torch.long)
         slots = (table[:, :, None] * page_size + offsets).view(len(decode), -1)[:, :ctx_max]
         writes.append(slots[torch.arange(len(decode)), lens - 1])
-        if bool((lens < ctx_max).any()):
+        if min(lengths) < ctx_max:
             decode_mask = additive(torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None]
         decode_slots = slots.contiguous().to(device)
     batch = ForwardBatch(
