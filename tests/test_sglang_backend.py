@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -367,8 +368,9 @@ def test_a_read_past_its_deadline_is_a_miss(make: Make) -> None:
     writer.batch_set_v1(keys, idx)
     writer.flush()
     dst = host_pool()
-    # No read can cross to the tier thread and back in a microsecond.
-    hasty = make(dst, get_deadline_s=1e-6, exists_deadline_s=1e-6)
+    hasty = make(dst, get_deadline_s=0.5, exists_deadline_s=0.5)
+    # A hung NAS, as SGLang would meet it: the tier thread is stuck for 5 s.
+    hasty._rt.loop.call_soon_threadsafe(time.sleep, 5)
     out = dst.alloc(2 * PAGE)
     assert hasty.batch_get_v1(keys, out) == [False, False]
     assert hasty.batch_exists(keys) == 0

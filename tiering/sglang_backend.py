@@ -16,9 +16,8 @@ Keys: SGLang names a page by a chained SHA-256 hex string that already covers th
 ``extra_key``/``cache_salt`` (so tenants never share a page). We fold it with the digest of
 a :class:`~tiering.keys.Namespace` made of the model, the tensor-parallel shard, the KV
 dtype, the host-pool layout and the page size, so that pages of different models or shards
-can never be confused. Both interfaces store a page as the bytes of SGLang's *flat data
-page* (``get_data_page(..., flat=True)``); the zero-copy path orders its buffers the same
-way, so a page written by one interface is readable by the other.
+can never be confused. Both of SGLang's interfaces store the same page bytes (see
+:mod:`tiering.sglang_pages`).
 
 This is an adapter, so torch is allowed here (the tiering core stays torch-free).
 """
@@ -26,7 +25,6 @@ This is an adapter, so torch is allowed here (the tiering core stays torch-free)
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hashlib
 import itertools
 import logging
@@ -60,6 +58,7 @@ from tiering.sglang_options import (
     S3_SECRET_KEY_ENV,
     SGLangBackendOptions,
 )
+from tiering.sglang_pages import PageBuffers, gather, page_buffers, scatter
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
@@ -274,11 +273,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         pages = self._page_buffers(keys, host_indices)
         blocks = self._fetch(keys)
         for block, buffers in zip(blocks, pages, strict=False):
-            src = np.frombuffer(block.payload, dtype=np.uint8)
-            base, offset = src.ctypes.data, 0
-            for ptr, size in buffers:
-                ctypes.memmove(ptr, base + offset, size)
-                offset += size
+            scatter(block.payload, buffers)
         return [i < len(blocks) for i in range(len(keys))]
 
     # --- writes ------------------------------------------------------------------------------------
@@ -343,38 +338,17 @@ class KvgateHiCacheStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """Zero-copy write: each page is copied once, straight out of SGLang's host pool."""
-        payloads = []
-        for buffers in self._page_buffers(keys, host_indices):
-            page = bytearray(self._page_bytes)
-            base, offset = ctypes.addressof(ctypes.c_char.from_buffer(page)), 0
-            for ptr, size in buffers:
-                ctypes.memmove(base + offset, ptr, size)
-                offset += size
-            payloads.append(page)
-        return self._offer(keys, payloads)
+        pages = self._page_buffers(keys, host_indices)
+        return self._offer(keys, [gather(buffers, self._page_bytes) for buffers in pages])
 
-    def _page_buffers(
-        self, keys: Sequence[str], host_indices: torch.Tensor
-    ) -> list[list[tuple[int, int]]]:
-        """(pointer, bytes) of each page's buffers in flat-data-page order."""
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        per_page = len(ptrs) // len(keys)
-        pages = []
-        for i in range(len(keys)):
-            chunk = list(
-                zip(
-                    ptrs[i * per_page : (i + 1) * per_page],
-                    sizes[i * per_page : (i + 1) * per_page],
-                    strict=True,
-                )
-            )
-            if not self.storage_config.is_mla_model:
-                # MHA lists K, V per layer; the flat page holds every K before every V.
-                chunk = chunk[0::2] + chunk[1::2]
-            if sum(size for _, size in chunk) != self._page_bytes:
-                raise ValueError("host pool page buffers do not add up to one page")
-            pages.append(chunk)
-        return pages
+    def _page_buffers(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[PageBuffers]:
+        return page_buffers(
+            self.mem_pool_host,
+            host_indices,
+            len(keys),
+            is_mla=self.storage_config.is_mla_model,
+            page_bytes=self._page_bytes,
+        )
 
     # --- hybrid models (per-pool v2 interface) ---------------------------------------------------
     # Mamba/SWA/DSA models keep extra pools that SGLang stores through the v2 calls. They are
