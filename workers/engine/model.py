@@ -65,7 +65,10 @@ class Projection:
             and weight.dtype == torch.float32
             and torch.backends.mkldnn.is_available()
         ):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+            except (AttributeError, RuntimeError):  # a torch build without the op: stay dense
+                return
             self.weight = None  # the packed copy is the only one kept
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
