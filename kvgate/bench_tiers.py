@@ -36,7 +36,7 @@ from tiering.codec import Block, encode_header, make_block
 from tiering.cost import CostConfig, CostModel
 from tiering.keys import Namespace
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
-from tiering.store import TieredStore
+from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
@@ -147,7 +147,11 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
     cost = CostModel(
         CostConfig(prior_prefill_tokens_per_s=1.0, deadline_s={t: 600.0 for t in TARGETS})
     )
-    store = TieredStore(HostTier(8 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost)
+    # and a patient ledger: a lookup that times out would turn the run into a recompute
+    patient = StoreConfig(ledger_timeout_s=30.0)
+    store = TieredStore(
+        HostTier(8 << 30), nas=nas, obj=obj, ledger=ledger, cost=cost, config=patient
+    )
     out: dict[str, Any] = {}
     try:
 
