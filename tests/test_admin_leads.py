@@ -139,7 +139,7 @@ async def test_notes_form_a_timeline_in_order_with_their_authors(
     assert count == 2
 
 
-async def test_leads_still_new_after_the_threshold_are_flagged(
+async def test_leads_still_new_after_the_threshold_and_follow_ups_due_are_flagged(
     pg_pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     tag = uuid.uuid4().hex[:8]
@@ -149,7 +149,10 @@ async def test_leads_still_new_after_the_threshold_are_flagged(
         "UPDATE leads SET created_at = now() - interval '3 days' WHERE id = ANY($1::bigint[])",
         [old_id, contacted_id],
     )
-    await pg_pool.execute("UPDATE leads SET status = 'contacted' WHERE id = $1", contacted_id)
+    await pg_pool.execute(
+        "UPDATE leads SET status = 'contacted', next_follow_up = current_date - 1 WHERE id = $1",
+        contacted_id,
+    )
     app = site_app(pg_pool, uncontacted_after_s=2 * 24 * 3600)
     staff = await staff_account(pg_pool, app, caplog)
     flagged = await staff.client.get("/admin/leads", params={"q": tag, "uncontacted": "1"})
@@ -157,6 +160,11 @@ async def test_leads_still_new_after_the_threshold_are_flagged(
     assert f'/admin/leads/{contacted_id}"' not in flagged.text
     assert f'/admin/leads/{fresh_id}"' not in flagged.text
     assert flagged.text.count('class="flagged"') == 1
+    # The contacted lead's follow-up date has passed: it is marked due.
+    listing = (await staff.client.get("/admin/leads", params={"q": tag})).text
+    assert listing.count(">due</span>") == 1
+    row = listing[listing.index(f'/admin/leads/{contacted_id}"') :]
+    assert row.index(">due</span>") < row.index("</tr>")
 
 
 async def test_trial_use_from_the_same_ip_and_email_domain_feeds_the_score(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date
+from datetime import UTC, date, datetime
 
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
@@ -54,6 +54,7 @@ class LeadViews:
             statuses=pipeline.STATUSES,
             staff=await pipeline.staff(self.site.db),
             query=str(request.query_params),
+            today=datetime.now(UTC).date(),
         )
 
     async def detail(self, request: Request, user: SessionUser, error: str = "") -> Response:

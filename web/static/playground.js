@@ -41,11 +41,15 @@
   function showUsage(usage) {
     const details = usage.prompt_tokens_details || {};
     const cached = details.cached_tokens || 0;
+    const byTier = Object.entries(details.cached_tokens_by_tier || {})
+      .filter(function (entry) { return entry[1] > 0; })
+      .map(function (entry) { return entry[0] + " " + entry[1]; });
     stats.replaceChildren(
       "Prompt tokens: ",
       strong(usage.prompt_tokens, "prompt-tokens"),
       " · from cache: ",
       strong(cached, "cached-tokens"),
+      byTier.length ? " (" + byTier.join(", ") + ")" : "",
       " · completion tokens: ",
       strong(usage.completion_tokens, "completion-tokens"),
     );
