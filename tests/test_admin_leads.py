@@ -137,6 +137,10 @@ async def test_notes_form_a_timeline_in_order_with_their_authors(
     assert staff.email in timeline
     count = await pg_pool.fetchval("SELECT count(*) FROM lead_notes WHERE lead_id = $1", lead_id)
     assert count == 2
+    missing = await staff.client.post(
+        "/admin/leads/999999999/notes", data={"csrf_token": token, "body": "hello?"}
+    )
+    assert missing.status_code == 404
 
 
 async def test_leads_still_new_after_the_threshold_and_follow_ups_due_are_flagged(

@@ -79,6 +79,11 @@ async def test_workers_page_shows_registry_health_ledger_tiers_and_samples(
         key,
         hashlib.sha256(b"ns").digest(),
     )
+    stale = unique("w-stale")
+    await pg_pool.execute(
+        "INSERT INTO tier_samples VALUES (now() - interval '8 days', $1, 'host', 1, 1, 0, 0, 0)",
+        stale,
+    )
     try:
         app = site_app(pg_pool)
         staff = await staff_account(pg_pool, app, caplog)
@@ -94,3 +99,7 @@ async def test_workers_page_shows_registry_health_ledger_tiers_and_samples(
         "SELECT count(*) FROM tier_samples WHERE worker_id = '(ledger)' AND tier = 'nas'"
     )
     assert sampled >= 1
+    # Samples past the keeping time are gone.
+    assert not await pg_pool.fetchval(
+        "SELECT count(*) FROM tier_samples WHERE worker_id = $1", stale
+    )

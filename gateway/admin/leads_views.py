@@ -106,7 +106,7 @@ class LeadViews:
         body = text_field(await request.form(), "body")
         try:
             async with self.site.db.acquire() as conn, conn.transaction():
-                if await pipeline.get(conn, lead_id, 0) is None:
+                if not await pipeline.exists(conn, lead_id):
                     return PlainTextResponse("No such lead.", status_code=404)
                 await pipeline.add_note(conn, lead_id, user.id, body)
                 await audit.record(conn, user, "lead.note", f"lead:{lead_id}", None, {"body": body})

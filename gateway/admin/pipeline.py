@@ -120,6 +120,11 @@ async def get(db: Any, lead_id: int, uncontacted_after_s: float) -> Lead | None:
     return None if row is None else _lead(row)
 
 
+async def exists(db: Any, lead_id: int) -> bool:
+    """Whether lead ``lead_id`` exists."""
+    return bool(await db.fetchval("SELECT true FROM leads WHERE id = $1", lead_id))
+
+
 async def notes(db: Any, lead_id: int) -> list[Note]:
     """The lead's notes, oldest first."""
     rows = await db.fetch(

@@ -27,6 +27,8 @@ LEDGER_TIERS = {"nas": 1, "object": 2}
 #: The pseudo worker id of samples taken from the ledger.
 LEDGER = "(ledger)"
 CHART_HOURS = 6
+#: Samples older than this are deleted as new ones are written.
+KEEP_DAYS = 7
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ async def _record(db: Any, workers: list[WorkerRow], ledger: list[LedgerTier]) -
         for t in w.scrape.tiers.values()
     ]
     rows += [(LEDGER, t.tier, t.bytes, t.pages, t.hits, 0, 0) for t in ledger]
+    await db.execute(
+        "DELETE FROM tier_samples WHERE minute < now() - make_interval(days => $1)", KEEP_DAYS
+    )
     await db.executemany(
         "INSERT INTO tier_samples VALUES (date_trunc('minute', now()), $1, $2, $3, $4, $5, $6, $7) "
         "ON CONFLICT DO NOTHING",
