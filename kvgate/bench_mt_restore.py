@@ -98,8 +98,10 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         out["recompute"] = asyncio.run(_ask(url, history))
         resident = [asyncio.run(_ask(url, history)) for _ in range(RESIDENT_REPEATS)]
         out["resident"] = min(resident, key=lambda s: abs(s.ttft - _median(resident)))
-        asyncio.run(_ask(url, other))  # evicts the history: L2 now, the NAS soon
-        _wait_for_nas(site, out["recompute"].prompt_tokens // page)
+        evictor = asyncio.run(_ask(url, other))  # evicts the history: L2 now, the NAS soon
+        # the history's pages that cannot stay in the pool next to the other one
+        room = pool_tokens // page - -(-(evictor.prompt_tokens + 1) // page)
+        _wait_for_nas(site, out["recompute"].prompt_tokens // page - room)
         out["host"] = asyncio.run(_ask(url, history))
     with stack.worker("restore-b", TIERS, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
