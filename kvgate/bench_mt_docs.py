@@ -77,11 +77,51 @@ def render(data: dict[str, Any]) -> str:
         markdown_table(data),
         *(f"![{Path(p).stem}]({p})" for p in data.get("plots", [])),
         "",
+        "## What limits the figures",
+        "",
+        *findings(data),
+        "",
         "## Physics",
         "",
         *_physics(phys, kv),
     ]
     return "\n".join(parts) + "\n"
+
+
+def findings(data: dict[str, Any]) -> list[str]:
+    """Facts from the run that explain each figure (computed, so they match the run)."""
+    out = []
+    configs, spec = data.get("configs", {}), data["spec"]
+    for name, s in configs.items():
+        if s["requests"]:
+            prompt = s["prompt_tokens"] / s["requests"]
+            prefilled = (s["prompt_tokens"] - s["cached_tokens"]) / s["requests"]
+            out.append(
+                f"- `{name}`: {prompt:.0f} prompt tokens per request, {prefilled:.0f} of them "
+                f"prefilled; TTFT p50 {s['ttft_p50']:.2f} s, time per output token "
+                f"{s['tpot_p50']:.3f} s, latency p50 {s['latency_p50']:.1f} s."
+            )
+    rec, nas = configs.get("recompute"), configs.get("nas")
+    if rec and nas and rec["requests"] and nas["requests"]:
+        rec_pre = (rec["prompt_tokens"] - rec["cached_tokens"]) / rec["requests"]
+        nas_pre = (nas["prompt_tokens"] - nas["cached_tokens"]) / nas["requests"]
+        mean_prompt = rec["prompt_tokens"] / rec["requests"]
+        out.append(
+            f"- `nas` prefills {rec_pre / max(nas_pre, 1):.1f}x fewer tokens than `recompute`, "
+            "which bounds its speedup if prefill were all the work; every request also decodes "
+            f"its answer, and an L1 of {spec['l1_tokens']} tokens holds about "
+            f"{spec['l1_tokens'] / mean_prompt:.1f} of the {spec['clients']} concurrent "
+            "requests at this history length, so requests queue for L1 in every "
+            "configuration and TTFT includes that wait."
+        )
+    for key, v in data.get("targets", {}).items():
+        if not v["met"]:
+            value = "not measured" if v["value"] is None else f"{v['value']:.3f}"
+            why = f" ({v['why']})" if v.get("why") else ""
+            out.append(f"- `{key}` missed: {value} against {v['target']}{why}.")
+    if data.get("failures"):
+        out += [f"- `{k}` could not run: {why}" for k, why in data["failures"].items()]
+    return out
 
 
 def _load(value: Any) -> str:

@@ -72,15 +72,21 @@ def compare_run(
         data["restore"] = {str(n): v for n, v in restore.items()}
     data["machine"]["load_average_at_end"] = os.getloadavg()
     data["seconds"] = time.perf_counter() - started
-    data["targets"] = verdicts(data)
-    data["physics"] = physics(data)
-    data.update({k: v for k, v in data["targets"].items()})  # the acceptance keys, top level
-    _write(data, name or ("multiturn_quick" if quick else "multiturn"))
+    data = rewrite(data, name)
     for key, v in data["targets"].items():
         value = "—" if v["value"] is None else f"{v['value']:.3f}"
         click.echo(
             f"{key:>26}: {value:>8}  target {v['target']:<7} {'met' if v['met'] else 'MISSED'}"
         )
+    return data
+
+
+def rewrite(data: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """Verdicts and physics from ``data``'s measurements, then every output written again."""
+    data["targets"] = verdicts(data)
+    data["physics"] = physics(data)
+    data.update({k: v for k, v in data["targets"].items()})  # the acceptance keys, top level
+    _write(data, name or ("multiturn_quick" if data["run"] == "quick" else "multiturn"))
     return data
 
 

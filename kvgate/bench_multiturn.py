@@ -81,16 +81,26 @@ def machine() -> dict[str, object]:
 @click.option("--configs", default="", help="With --compare: comma list (default: all).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write figures here.")
 @click.option("--name", help="With --compare: stem of the docs/benchmarks/ outputs.")
+@click.option(
+    "--report-from",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Rewrite the outputs of a saved --compare JSON without running anything.",
+)
 def multiturn(url: str | None, api_key: str, model: str, n_conv: int | None,
               active: int | None, clients: int | None, warmup: int | None,
               max_requests: int | None, l1_tokens: int | None, think_time: float, seed: int,
               common_prefix: int, unique_mean: int, unique_max: int, user_tokens: tuple[int, int],
               answer_tokens: tuple[int, int], turns: tuple[int, int], compare: bool, quick: bool,
-              configs: str, json_path: Path | None, name: str | None) -> None:  # fmt: skip
+              configs: str, json_path: Path | None, name: str | None,
+              report_from: Path | None) -> None:  # fmt: skip
     """Multi-turn conversations: drive a server, or compare the KV tier configurations."""
     shape = Shape(common_prefix, unique_mean, unique_max, Shape.unique_prefix_sigma,
                   user_tokens, answer_tokens, turns)  # fmt: skip
-    if compare:
+    if report_from is not None:
+        from kvgate.bench_mt_run import rewrite
+
+        data = rewrite(json.loads(report_from.read_text()), name)
+    elif compare:
         from kvgate.bench_mt_run import compare_run
 
         sizes = {"conversations": n_conv, "active": active, "clients": clients,

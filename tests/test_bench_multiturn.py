@@ -265,13 +265,18 @@ def test_quick_spec_keeps_the_default_shape_and_more_conversations_than_clients(
     assert 4000 in QUICK.restore_lengths
 
 
-def test_docs_explain_method_machine_results_and_physics() -> None:
+def _run_data() -> dict:
     data = _figures()
     data.update(
         run="full", seconds=600.0, working_set_tokens=80000, working_set_over_l1=8.5,
         spec=asdict(replace(QUICK, max_requests=0)), machine=machine(),
         plots=["benchmarks/multiturn_configs.png"],
     )  # fmt: skip
+    return data
+
+
+def test_docs_explain_method_machine_results_and_physics() -> None:
+    data = _run_data()
     data["targets"] = verdicts(data)
     data["physics"] = physics(data)
     text = render(data)
@@ -280,3 +285,23 @@ def test_docs_explain_method_machine_results_and_physics() -> None:
     assert "46080 bytes" in text and "8.5x L1" in text
     assert "Llama-3.1-70B" in text and "100 GbE" in text
     assert "![multiturn_configs](benchmarks/multiturn_configs.png)" in text
+
+
+def test_report_from_a_saved_run_writes_json_table_plots_and_docs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(_run_data()))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(multiturn, ["--report-from", str(saved), "--json", "out.json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out.json").read_text())
+    for key in ("speedup_rps", "ttft_speedup_p50", "nas_vs_resident_ttft",
+                "object_vs_resident_ttft", "no_reuse_overhead", "cross_worker_cached_ratio"):  # fmt: skip
+        assert {"value", "target", "met"} <= set(data[key])
+    bench = tmp_path / "docs" / "benchmarks"
+    assert json.loads((bench / "multiturn.json").read_text())["speedup_rps"]["met"] is True
+    assert "| recompute |" in (bench / "multiturn.md").read_text()
+    assert (bench / "multiturn_configs.png").stat().st_size > 0
+    assert (bench / "multiturn_restore.png").stat().st_size > 0
+    assert "## What limits the figures" in (tmp_path / "docs" / "benchmarks.md").read_text()
