@@ -238,7 +238,8 @@ def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
 
 def test_eight_threads_mixed_calls_are_correct(make: Make) -> None:
     pool = host_pool(pages=8 * 12)
-    backend = make(pool)
+    # A queue that never overflows: this test is about concurrency (backpressure has its own).
+    backend = make(pool, write_queue_pages=8 * 30 * 6)
     shared_keys = sglang_keys(2, salt="shared")
     shared_src = pool.alloc(2 * PAGE)
     pool.fill_random(shared_src, seed=99)
