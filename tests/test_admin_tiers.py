@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from site_support import site_app, staff_account
 
 from gateway.admin import worker_metrics
-from gateway.admin.svg import Line, line_chart
+from gateway.web.charts import Line, line_chart
 from tiering.tiers.base import TierStats
 from workers.tier_metrics import TierCollector
 

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admin import worker_metrics
-from gateway.admin.svg import Line, line_chart
 from gateway.admin.worker_metrics import Scrape, TierFigures
 from gateway.site.config import SiteConfig
+from gateway.web.charts import Line, line_chart
 from gateway.web.sessions import SessionUser
 from gateway.web.site import Site
 
