@@ -414,3 +414,12 @@ def test_calls_before_the_host_pool_is_registered_never_raise(make: Make) -> Non
     assert backend.batch_get_v1(keys, torch.arange(2 * PAGE)) == [False, False]
     assert backend.batch_get(keys) == [None, None]
     assert backend.set(keys[0], torch.zeros(4)) is False
+
+
+def test_a_missing_nas_fails_the_attach_with_what_to_fix(
+    monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    backend_env(monkeypatch, pg_dsn, s3_server)
+    opts = options(tmp_path / "not-mounted", s3_server, unique_prefix())
+    with pytest.raises(FileNotFoundError, match="mount the shared NAS there"):
+        create_backend(opts, host_pool())
