@@ -42,7 +42,9 @@ from gateway.site.headers import SecurityHeadersMiddleware
 from gateway.site.routes import site_routes
 from gateway.streaming import HangupAwareStream
 from gateway.usage import UsageRecorder, UsageRow
+from gateway.web.mailer import Mailer
 from gateway.web.routes import accounts_routes
+from gateway.web.site import Site
 from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
 from protocol.registry import WorkerInfo
 
@@ -367,6 +369,8 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 def build_app(config: GatewayConfig) -> Starlette:
     """The gateway ASGI app for ``config``."""
     gw = Gateway(config)
+    # One page machinery (templates, CSRF, sessions, mail) for the console, site and admin.
+    site = Site(config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp))
     routes = [
         Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
         Route("/v1/completions", gw.completions, methods=["POST"]),
@@ -376,9 +380,9 @@ def build_app(config: GatewayConfig) -> Starlette:
         Route("/metrics", gw.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", gw.openapi, methods=["GET"]),
         # Accounts, team console and Stripe billing (ACCOUNTS): see gateway/web/routes.py.
-        *accounts_routes(config.accounts, lambda: gw.pool),
+        *accounts_routes(site),
         # Public site, contact sales and /admin (SITE): see gateway/site/routes.py.
-        *site_routes(config, lambda: gw.pool),
+        *site_routes(config, site),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),

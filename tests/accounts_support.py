@@ -20,18 +20,18 @@ from starlette.applications import Starlette
 
 from gateway.billing.config import BillingConfig
 from gateway.web.config import AccountsConfig
+from gateway.web.mailer import Mailer
 from gateway.web.routes import accounts_routes
+from gateway.web.site import Site
 
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 _LINK = re.compile(r"(https?://\S+?(/verify|/password/reset|/invite)\?token=[\w%-]+)")
 
 
-def accounts_app(
-    pool: asyncpg.Pool, stripe_http: Any = None, **overrides: Any
-) -> tuple[Starlette, AccountsConfig]:
-    """The account routes alone, over ``pool``; ``overrides`` replace AccountsConfig fields."""
-    config = replace(
+def accounts_config(**overrides: Any) -> AccountsConfig:
+    """The tests' AccountsConfig; ``overrides`` replace its fields."""
+    return replace(
         AccountsConfig(
             session_secret="test-secret",
             public_base_url="http://console.test",
@@ -39,7 +39,19 @@ def accounts_app(
         ),
         **overrides,
     )
-    app = Starlette(routes=accounts_routes(config, lambda: pool, stripe_http))
+
+
+def shared_site(pool: asyncpg.Pool, config: AccountsConfig) -> Site:
+    """The page machinery the routes share, over ``pool``."""
+    return Site(config, lambda: pool, Mailer(config.smtp))
+
+
+def accounts_app(
+    pool: asyncpg.Pool, stripe_http: Any = None, **overrides: Any
+) -> tuple[Starlette, AccountsConfig]:
+    """The account routes alone, over ``pool``; ``overrides`` replace AccountsConfig fields."""
+    config = accounts_config(**overrides)
+    app = Starlette(routes=accounts_routes(shared_site(pool, config), stripe_http))
     return app, config
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from accounts_support import Account, accounts_app, browser, form_token, sign_up
+from accounts_support import Account, accounts_config, browser, form_token, shared_site, sign_up
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
@@ -23,6 +23,7 @@ from gateway.config import GatewayConfig
 from gateway.site.config import SiteConfig
 from gateway.site.headers import SecurityHeadersMiddleware
 from gateway.site.routes import site_routes
+from gateway.web.routes import accounts_routes
 
 CONTACT = {
     "name": "Ada Lovelace",
@@ -39,15 +40,16 @@ def site_app(
 ) -> Starlette:
     """Accounts + site + admin routes over ``pool``; ``site`` overrides SiteConfig fields
     (and ``accounts_overrides`` AccountsConfig's)."""
-    accounts, config = accounts_app(pool, **(accounts_overrides or {}))
+    config = accounts_config(**(accounts_overrides or {}))
     gateway = GatewayConfig(
         dsn="unused: the pool is given",
         trusted_proxies=GatewayConfig.parse_networks(["127.0.0.1/32"]),
         accounts=config,
         site=replace(SiteConfig(sales_email="sales@kvgate.test"), **site),
     )
+    pages = shared_site(pool, config)
     return Starlette(
-        routes=[*accounts.routes, *site_routes(gateway, lambda: pool)],
+        routes=[*accounts_routes(pages), *site_routes(gateway, pages)],
         middleware=[Middleware(SecurityHeadersMiddleware)],
     )
 

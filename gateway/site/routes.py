@@ -6,23 +6,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import asyncpg
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin.routes import admin_routes
 from gateway.config import GatewayConfig
 from gateway.site.contact import THANKS_PATH, ContactViews
 from gateway.site.pages import PublicPages
-from gateway.web.mailer import Mailer
 from gateway.web.site import Site
 
 
-def site_routes(config: GatewayConfig, pool: Callable[[], asyncpg.Pool]) -> list[BaseRoute]:
-    """Public pages, the contact form and /admin over ``pool`` (a getter: the pool opens
-    in the app's lifespan)."""
-    site = Site(config.accounts, pool, Mailer(config.accounts.smtp))
+def site_routes(config: GatewayConfig, site: Site) -> list[BaseRoute]:
+    """Public pages, the contact form and /admin on ``site`` (the one the accounts' routes
+    use too)."""
     pages = PublicPages(site, config.site)
     contact = ContactViews(site, config.site, config.trusted_proxies)
     return [

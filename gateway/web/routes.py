@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 
-import asyncpg
 import stripe
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,12 +19,10 @@ from starlette.staticfiles import StaticFiles
 from gateway.billing.client import stripe_client
 from gateway.billing.webhooks import WebhookEndpoint
 from gateway.web.auth_views import AuthViews
-from gateway.web.config import AccountsConfig
 from gateway.web.console_billing import BillingViews
 from gateway.web.console_keys import KeyViews
 from gateway.web.console_members import MemberViews
 from gateway.web.console_usage import UsageViews
-from gateway.web.mailer import Mailer
 from gateway.web.site import LoginRequired, Site, login_redirect
 from web import STATIC_DIR
 
@@ -46,13 +43,12 @@ def _guarded(handler: Handler) -> Handler:
 
 
 def accounts_routes(
-    config: AccountsConfig,
-    pool: Callable[[], asyncpg.Pool],
-    stripe_http_client: stripe.HTTPClient | None = None,
+    site: Site, stripe_http_client: stripe.HTTPClient | None = None
 ) -> list[BaseRoute]:
-    """Routes for sign-in, the console and billing over ``pool`` (a getter: the pool opens
-    in the app's lifespan). ``stripe_http_client`` is stripe-python's transport seam."""
-    site = Site(config, pool, Mailer(config.smtp))
+    """Routes for sign-in, the console and billing on ``site`` (shared with the public site
+    and /admin, so one CSRF secret and one template environment serve every form).
+    ``stripe_http_client`` is stripe-python's transport seam."""
+    config = site.config
     client = (
         stripe_client(config.billing, stripe_http_client) if config.billing.secret_key else None
     )
@@ -93,6 +89,8 @@ def accounts_routes(
         Route(team + "/billing", page(billing.page), methods=["GET"]),
         Route(team + "/billing/checkout", post(billing.upgrade), methods=["POST"]),
         Route(team + "/billing/portal", post(billing.portal), methods=["POST"]),
-        Route(WEBHOOK_PATH, WebhookEndpoint(config.billing, pool).handle, methods=["POST"]),
+        Route(
+            WEBHOOK_PATH, WebhookEndpoint(config.billing, lambda: site.db).handle, methods=["POST"]
+        ),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
