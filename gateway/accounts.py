@@ -139,12 +139,24 @@ async def list_keys(db: Any, team: str | None = None) -> list[KeyInfo]:
 
 
 async def revoke_key(db: Any, key_id: int) -> KeyInfo:
-    """Revoke key ``key_id`` (idempotent); gateways stop accepting it within their cache TTL."""
+    """Revoke key ``key_id`` (idempotent); gateways stop accepting it within their cache TTL.
+
+    A suspended team's keys are already revoked, and unsuspending restores the ones the
+    suspension keeps (``gateway.admin.teams``); revoking one of them takes it off that
+    list in the same statement, so the owner's revocation outlasts the suspension.
+    """
     row = await db.fetchrow(
         """
-        UPDATE api_keys k SET revoked_at = coalesce(k.revoked_at, now())
-        FROM teams t WHERE k.id = $1 AND t.id = k.team_id
-        RETURNING k.id, t.name, k.name, k.prefix, k.created_at, k.revoked_at
+        WITH revoked AS (
+            UPDATE api_keys k SET revoked_at = coalesce(k.revoked_at, now())
+            FROM teams t WHERE k.id = $1 AND t.id = k.team_id
+            RETURNING k.id, t.id AS team_id, t.name AS team, k.name, k.prefix, k.created_at,
+                      k.revoked_at
+        ), kept AS (
+            UPDATE team_suspensions s SET key_ids = array_remove(s.key_ids, $1)
+            FROM revoked r WHERE s.team_id = r.team_id
+        )
+        SELECT id, team, name, prefix, created_at, revoked_at FROM revoked
         """,
         key_id,
     )

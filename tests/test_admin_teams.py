@@ -19,6 +19,7 @@ from gateway_support import (
 from site_support import site_app, staff_account
 
 from gateway import accounts
+from gateway.admin import teams
 
 
 async def _status(client: httpx.AsyncClient, model: str, secret: str) -> int:
@@ -106,3 +107,29 @@ async def test_suspending_twice_is_refused_and_the_lists_show_plan_usage_and_key
     assert 'class="revoked"' in html  # its key, blocked
     usage = (await staff.client.get("/admin/usage")).text
     assert team in usage and "svg" in usage
+
+
+async def test_a_key_revoked_during_a_suspension_stays_revoked_after_it(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    team_id, _ = await team_key(pg_pool)
+    team = await pg_pool.fetchval("SELECT name FROM teams WHERE id = $1", team_id)
+    kept, _ = await accounts.create_key(pg_pool, team, "kept")
+    dropped, _ = await accounts.create_key(pg_pool, team, "dropped")
+    async with pg_pool.acquire() as conn, conn.transaction():
+        blocked = await teams.suspend(conn, team_id, None, "review")
+    assert {kept.id, dropped.id} <= set(blocked)
+    _, during = await accounts.create_key(pg_pool, team, "during")
+    # Revoking an already-blocked key, as the owner or `kvgate admin keys revoke` would.
+    assert (await accounts.revoke_key(pg_pool, dropped.id)).revoked_at is not None
+    async with pg_pool.acquire() as conn, conn.transaction():
+        restored = await teams.unsuspend(conn, team_id)
+    assert kept.id in restored and dropped.id not in restored
+    assert await accounts.lookup_key(pg_pool, during) is not None
+    state = dict(
+        await pg_pool.fetch(
+            "SELECT id, revoked_at IS NOT NULL FROM api_keys WHERE id = ANY($1::bigint[])",
+            [kept.id, dropped.id],
+        )
+    )
+    assert state == {kept.id: False, dropped.id: True}

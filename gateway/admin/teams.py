@@ -3,7 +3,8 @@
 Suspending a team revokes its active keys — the one thing every gateway replica checks
 on each key lookup, so the keys stop working within the gateways' key-cache TTL — and
 keeps their ids; unsuspending restores exactly those keys. A key created during the
-suspension is born revoked (a trigger, see ``migrations/0005_leads_admin.sql``).
+suspension is born revoked (a trigger, see ``migrations/0005_leads_admin.sql``), and a key
+revoked during it (``gateway.accounts.revoke_key``) leaves the list and stays revoked.
 """
 
 from __future__ import annotations
