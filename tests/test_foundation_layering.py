@@ -20,7 +20,11 @@ FORBIDDEN = {
 }
 
 #: the tiering modules that adapt the torch-free core to torch users (the only ones allowed torch)
-TIERING_TORCH_ADAPTERS = {"tiering/pinned.py", "tiering/sglang_backend.py"}
+TIERING_TORCH_ADAPTERS = {
+    "tiering/pinned.py",
+    "tiering/sglang_backend.py",
+    "tiering/sglang_host_pool.py",
+}
 
 
 def imported_roots(path: Path) -> set[str]:
