@@ -41,21 +41,8 @@ def tiny_llama(seed: int = 0, *, rope_scaling: dict | None = None) -> TinyModel:
         initializer_range=0.2,  # large enough that greedy output varies token to token
     )
     reference = LlamaForCausalLM(hf_config).eval()
-    config = ModelConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        rope_scaling=rope_scaling,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_ids=(2,),
-    )
+    # Our config read from transformers' own, as a checkpoint's config.json would be.
+    config = ModelConfig.from_hf_dict(hf_config.to_dict())
     return TinyModel(config, reference.state_dict(), reference)
 
 
