@@ -39,6 +39,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+# The tests also load our HiCache backend through SGLang's own code: SGLang 0.5.23 with
+# --no-deps plus the pure-Python modules its storage and server-args modules import.
+$(VENV)/.installed-dev: $(VENV)/.installed scripts/install-sglang-test-deps.sh
 	$(PIP) -e '.[dev]'
+	scripts/install-sglang-test-deps.sh $(VENV)
 	touch $@
