@@ -49,12 +49,13 @@ def up() -> None:
 
     \b
     Ctrl-C or SIGTERM stops every part it started, newest first: SIGTERM, then
-    SIGKILL (to descendants too) after KVGATE_STOP_TIMEOUT seconds (SeaweedFS alone would take ~25s to
-    finish its graceful shutdown; it is killed at the timeout, its data files are
-    written through); the embedded PostgreSQL is stopped with `pg_ctl stop` unless
-    another kvgate process still uses it. Exit status: 0 after a requested
-    stop; 1 when a part failed to start or died, with a message naming the part.
-    Only one `kvgate up` may run per KVGATE_HOME ($KVGATE_HOME/up.lock).
+    SIGKILL (descendants too) after KVGATE_STOP_TIMEOUT seconds. SeaweedFS alone
+    would take ~25s to finish a graceful shutdown; it is killed at the timeout (its
+    data files are written through). The embedded PostgreSQL is stopped with
+    `pg_ctl stop` unless another kvgate process still uses it.
+    Exit status: 0 after a requested stop; 1 when a part failed to start or died,
+    with a message naming the part and the cause.
+    Only one `kvgate up` may run per KVGATE_HOME (it holds $KVGATE_HOME/up.lock).
     `kvgate config` shows the settings in effect.
     """
     settings = load_settings()
