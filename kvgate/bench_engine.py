@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 import torch
 
-from kvgate.bench_hf import HFBaseline, matmul_gflops, prefill_flops
+from kvgate.bench_hf import ROOFLINE_SHAPES, HFBaseline, matmul_gflops, prefill_flops
 from kvgate.serving import WorkerOptions, load_model, running_engine, worker_options
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
 
@@ -223,8 +223,9 @@ def render(figures: Figures) -> str:
         f"- model: `{figures.model}`, fp32 on CPU, {figures.threads} torch threads",
         f"- machine: {figures.machine}; 1-minute load average {figures.load_average[0]:.1f} "
         f"at the start, {figures.load_average[1]:.1f} at the end",
-        f"- fp32 matmul roofline (2048x2048x2048, best of {len(figures.matmul_samples)} samples "
-        f"taken next to the measurements): **{figures.matmul_gflops:,.1f} GFLOP/s**",
+        f"- fp32 matmul roofline (best rate over {len(ROOFLINE_SHAPES)} shapes, sampled "
+        f"{len(figures.matmul_samples)} times next to the measurements): "
+        f"**{figures.matmul_gflops:,.1f} GFLOP/s**",
         f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request",
         "",
         "## Prefill (one request, cold cache)",

@@ -14,19 +14,33 @@ import torch
 
 from workers.engine.config import ModelConfig
 
+#: (m, k, n) matmul shapes whose best fp32 rate is taken as the roofline: a square one and
+#: the MLP projection of a small model (hidden 576, intermediate 1536) at 128 to 2048 rows.
+#: Short products matter on a shared machine: they can run to the end on all cores between
+#: two interruptions by other processes, long ones rarely do, and underestimate the peak.
+ROOFLINE_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (1024, 1024, 1024),
+    (2048, 576, 1536),
+    (512, 576, 1536),
+    (128, 576, 1536),
+)
 
-def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
-    """Best fp32 GFLOP/s of an ``n``x``n`` by ``n``x``n`` matmul on this machine, now."""
+
+def matmul_gflops(
+    shapes: tuple[tuple[int, int, int], ...] = ROOFLINE_SHAPES, reps: int = 20
+) -> float:
+    """This machine's fp32 matmul GFLOP/s now: the best rate over ``shapes`` and ``reps`` runs."""
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=gen)
-    b = torch.randn(n, n, generator=gen)
-    torch.mm(a, b)  # warm-up: thread pool start, allocator
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    best = 0.0
+    for m, k, n in shapes:
+        a = torch.randn(m, k, generator=gen)
+        b = torch.randn(k, n, generator=gen)
+        torch.mm(a, b)  # warm-up: thread pool start, allocator
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - start) / 1e9)
+    return best
 
 
 def prefill_flops(config: ModelConfig, tokens: int) -> float:
