@@ -14,6 +14,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,6 +23,9 @@ import httpx
 from gateway import accounts
 from kvgate.services.ports import free_port
 from protocol import registry
+
+#: The ``kvgate`` command line, run by this interpreter (no installed script needed).
+KVGATE = [sys.executable, "-c", "from kvgate.cli import main; main()"]
 
 
 def wait_http(
@@ -47,30 +51,34 @@ def process(
     ready_s: float = 30.0,
     *,
     wait: bool = True,
+    log: Path | None = None,
+    stop_s: float = 20.0,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``args`` until the block ends; yields once ``ready_url`` answers (at once with
     ``wait=False``, so that slow starters can start side by side).
 
-    Output goes to a file (a pipe nobody drains would block a chatty process); it is
-    printed when the block fails, so pytest shows it with the failure.
+    Output goes to a file (a pipe nobody drains would block a chatty process): ``log``
+    when the test reads it, else a temporary one; it is printed when the block fails, so
+    pytest shows it with the failure. At the end the process gets SIGTERM and ``stop_s``
+    seconds to exit before SIGKILL.
     """
-    with tempfile.TemporaryFile() as log:
+    with log.open("w+b") if log is not None else tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(
-            args, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+            args, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
         )
         try:
             if wait:
                 wait_http(ready_url, ready_s, proc=proc)
             yield proc
         except BaseException:
-            log.seek(0)
-            print(f"--- output of {args[:6]} ---\n{log.read().decode(errors='replace')[-20000:]}")
+            out.seek(0)
+            print(f"--- output of {args[:6]} ---\n{out.read().decode(errors='replace')[-20000:]}")
             raise
         finally:
             if proc.poll() is None:
                 proc.terminate()
                 try:
-                    proc.wait(timeout=20)
+                    proc.wait(timeout=stop_s)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
@@ -105,14 +113,7 @@ def gateway_env(dsn: str, **extra: str) -> dict[str, str]:
 def gateway_process(dsn: str, **extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A ``kvgate gateway`` process; yields its base URL and the process."""
     port = free_port()
-    args = [
-        sys.executable,
-        "-c",
-        "from kvgate.cli import main; main()",
-        "gateway",
-        "--port",
-        str(port),
-    ]
+    args = [*KVGATE, "gateway", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     with process(args, url + "/readyz", gateway_env(dsn, **extra)) as proc:
         yield url, proc

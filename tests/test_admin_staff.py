@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 
 import asyncpg
+from gateway_support import KVGATE
 
 from gateway.web.passwords import verify_password
-
-KVGATE = [sys.executable, "-c", "from kvgate.cli import main; main()"]
 
 
 def _create(dsn: str, email: str, password: str, *flags: str) -> subprocess.CompletedProcess[str]:

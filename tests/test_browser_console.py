@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,12 +21,13 @@ import httpx
 import pytest
 from accounts_support import PASSWORD
 from gateway_support import (
+    KVGATE,
     deregister,
     gateway_env,
+    process,
     register_workers,
     stub_upstream,
     unique,
-    wait_http,
 )
 from playwright.async_api import Page, Response, async_playwright, expect
 
@@ -57,30 +55,8 @@ def gateway_logging_to(dsn: str, log: Path) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = gateway_env(dsn, KVGATE_PUBLIC_BASE_URL=url, KVGATE_GATEWAY_USAGE_FLUSH_S="0.2")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from kvgate.cli import main; main()",
-                "gateway",
-                "--port",
-                str(port),
-            ],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_http(url + "/readyz", 60, proc=proc)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with process([*KVGATE, "gateway", "--port", str(port)], url + "/readyz", env, 60, log=log):
+        yield url
 
 
 def link_in_log(log: Path, email: str, deadline_s: float = 10.0) -> str:

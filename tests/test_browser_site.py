@@ -17,7 +17,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_support import gateway_env, unique, wait_http
+from gateway_support import KVGATE, gateway_env, process, unique
 from playwright.async_api import Browser, Page, async_playwright, expect
 from starlette.routing import Route
 from test_browser_console import CHROMIUM, CHROMIUM_ARGS, PHONE
@@ -38,27 +37,11 @@ pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install -y chromium)"
 )
 
-KVGATE = [sys.executable, "-c", "from kvgate.cli import main; main()"]
 MODEL = "tiny-random"
 PASSWORD = "staff-password-1"
 #: 40 pages of tiny-random KV (16 tokens of 512 bytes each): a few prompts fill it, so
 #: finished conversations are evicted down the tiers (host RAM, then the NAS).
 KV_POOL_BYTES = 40 * 16 * 512
-
-
-@contextlib.contextmanager
-def _running(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=out, stderr=out)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +75,11 @@ def stack(
     )
     gateway = [*KVGATE, "gateway", "--port", str(gw_port)]
     with (
-        _running(agent, worker_env, logs / "worker.log"),
-        _running(gateway, env, logs / "gateway.log") as gw,
+        # The agent's torch worker may take a while to stop; it must not be orphaned.
+        process(agent, "", worker_env, wait=False, log=logs / "worker.log", stop_s=60),
+        process(gateway, url + "/readyz", env, 60, log=logs / "gateway.log", stop_s=60),
     ):
         try:
-            wait_http(url + "/readyz", 60, proc=gw)
             _wait_for_model(url, 240)
             yield url, worker_id, logs
         except BaseException:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import asyncpg
 import openai
 import pytest
 from gateway_support import (
+    KVGATE,
     apoll,
     deregister,
     gateway_process,
@@ -36,7 +36,7 @@ MODEL = "tiny-random"
 def builtin_worker() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A ``kvgate worker --model tiny-random`` process, started but not yet ready."""
     port = free_port()
-    args = [sys.executable, "-c", "from kvgate.cli import main; main()", "worker"]
+    args = [*KVGATE, "worker"]
     args += ["--model", MODEL, "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     env = {"KVGATE_HOME": f"/tmp/kvgate-gw-{port}"}
