@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -56,20 +57,24 @@ class LedgerTier:
     hits: int
 
 
+_PER_TIER = (
+    "count(*) FILTER (WHERE tiers & {bit} <> 0), "
+    "coalesce(sum(size) FILTER (WHERE tiers & {bit} <> 0), 0), "
+    "coalesce(sum(hits) FILTER (WHERE tiers & {bit} <> 0), 0)"
+)
+_LEDGER_SQL = (
+    "SELECT "
+    + ", ".join(_PER_TIER.format(bit=bit) for bit in LEDGER_TIERS.values())
+    + " FROM kv_ledger"
+)
+
+
 async def ledger_tiers(db: Any) -> list[LedgerTier]:
     """Pages, bytes and hits per shared tier, from the KV ledger in one scan."""
-    row = await db.fetchrow(
-        """
-        SELECT count(*) FILTER (WHERE tiers & 1 <> 0), coalesce(sum(size) FILTER (WHERE tiers & 1 <> 0), 0),
-               coalesce(sum(hits) FILTER (WHERE tiers & 1 <> 0), 0),
-               count(*) FILTER (WHERE tiers & 2 <> 0), coalesce(sum(size) FILTER (WHERE tiers & 2 <> 0), 0),
-               coalesce(sum(hits) FILTER (WHERE tiers & 2 <> 0), 0)
-        FROM kv_ledger
-        """
-    )
+    row = await db.fetchrow(_LEDGER_SQL)
     return [
-        LedgerTier("nas", row[0], int(row[1]), int(row[2])),
-        LedgerTier("object", row[3], int(row[4]), int(row[5])),
+        LedgerTier(tier, row[3 * i], int(row[3 * i + 1]), int(row[3 * i + 2]))
+        for i, tier in enumerate(LEDGER_TIERS)
     ]
 
 
@@ -97,7 +102,7 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-async def charts(db: Any) -> list[Any]:
+async def charts(db: Any) -> list[Markup]:
     """Bytes per tier (workers' own figures summed, and the ledger's) and hit rate per
     tier over the last hours, from the samples."""
     rows = await db.fetch(
