@@ -6,13 +6,10 @@ same either way); only sign-up must say so, because the person has to log in ins
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from gateway.web import passwords, sessions, throttle, tokens, users
-from gateway.web.mailer import Email
 from gateway.web.site import Site, safe_next, text_field
 
 
@@ -57,17 +54,17 @@ class AuthViews:
         site = self.site
         if not await site.may_mail("verify", email):
             return
-        token = await tokens.issue(
-            site.db, "verify", email, site.config.email_link_ttl_s, user_id=user_id
-        )
-        link = site.link(f"/verify?token={quote(token)}")
-        await site.mailer.send(
-            Email(
-                email,
-                "Verify your email for kvgate",
-                f"Welcome to kvgate. Open this link to verify your email and sign in:\n\n"
-                f"{link}\n\nIf you did not sign up, ignore this message.",
-            )
+        await site.mail_link(
+            "verify",
+            email,
+            site.config.email_link_ttl_s,
+            "/verify",
+            "Verify your email for kvgate",
+            lambda link: (
+                "Welcome to kvgate. Open this link to verify your email and sign in:"
+                f"\n\n{link}\n\nIf you did not sign up, ignore this message."
+            ),
+            user_id=user_id,
         )
 
     async def verify(self, request: Request) -> Response:
@@ -154,17 +151,17 @@ class AuthViews:
         email = users.normalize_email(text_field(await request.form(), "email"))
         found = await users.credentials(site.db, email)
         if found is not None and await site.may_mail("reset", email):
-            token = await tokens.issue(
-                site.db, "reset", email, site.config.reset_link_ttl_s, user_id=found.id
-            )
-            link = site.link(f"/password/reset?token={quote(token)}")
-            await site.mailer.send(
-                Email(
-                    email,
-                    "Reset your kvgate password",
-                    f"Open this link within the hour to choose a new password:\n\n{link}\n\n"
-                    "If you did not ask for this, ignore this message.",
-                )
+            await site.mail_link(
+                "reset",
+                email,
+                site.config.reset_link_ttl_s,
+                "/password/reset",
+                "Reset your kvgate password",
+                lambda link: (
+                    "Open this link within the hour to choose a new password:"
+                    f"\n\n{link}\n\nIf you did not ask for this, ignore this message."
+                ),
+                user_id=found.id,
             )
         return site.render(request, "forgot.html", sent=True)
 

@@ -6,13 +6,10 @@ signed-in user with that (verified) email can accept it, and it makes them a mem
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from gateway.web import tokens, users
-from gateway.web.mailer import Email
 from gateway.web.sessions import SessionUser
 from gateway.web.site import Site, text_field
 from gateway.web.users import Membership
@@ -70,22 +67,18 @@ class MemberViews:
                 error=f"{email} was invited often enough; try later.",
                 status=429,
             )
-        token = await tokens.issue(
-            site.db,
+        await site.mail_link(
             "invite",
             email,
             site.config.email_link_ttl_s,
+            "/invite",
+            f"Join {team.team} on kvgate",
+            lambda link: (
+                f"{user.email} invites you to the team {team.team} on kvgate.\n\n"
+                f"Sign up or log in with this email address, then open:\n\n{link}"
+            ),
             team_id=team.team_id,
             invited_by=user.id,
-        )
-        link = site.link(f"/invite?token={quote(token)}")
-        await site.mailer.send(
-            Email(
-                email,
-                f"Join {team.team} on kvgate",
-                f"{user.email} invites you to the team {team.team} on kvgate.\n\n"
-                f"Sign up or log in with this email address, then open:\n\n{link}",
-            )
         )
         return await self._page(request, user, team, notice=f"Invitation sent to {email}.")
 

@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from gateway.web import sessions, tokens, users
 from gateway.web.config import AccountsConfig
 from gateway.web.csrf import Csrf
-from gateway.web.mailer import Mailer
+from gateway.web.mailer import Email, Mailer
 from gateway.web.sessions import SessionUser
 from gateway.web.users import Membership
 from web import TEMPLATES_DIR
@@ -64,6 +64,23 @@ class Site:
             )
             return False
         return True
+
+    async def mail_link(
+        self,
+        purpose: tokens.Purpose,
+        email: str,
+        ttl_s: int,
+        path: str,
+        subject: str,
+        text: Callable[[str], str],
+        **owner: int | None,
+    ) -> None:
+        """Mail ``email`` a one-time ``purpose`` link to ``path``, valid for ``ttl_s``; the
+        body is ``text(link)``. ``owner`` (user_id, team_id, invited_by) goes with the token.
+        Callers check :meth:`may_mail` first: each answers a refusal its own way."""
+        token = await tokens.issue(self.db, purpose, email, ttl_s, **owner)
+        link = self.link(f"{path}?token={quote(token)}")
+        await self.mailer.send(Email(email, subject, text(link)))
 
     def link(self, path: str) -> str:
         """An absolute URL on the public site, for emails."""
