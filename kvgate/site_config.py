@@ -28,9 +28,10 @@ def site_config(settings: Settings) -> SiteConfig:
 def one_secret_per_process(accounts: AccountsConfig) -> AccountsConfig:
     """``accounts`` with a random session secret when none is configured.
 
-    The console's and the site's pages are two ``Site`` objects, and an empty secret gives
-    each its own random CSRF key — then the site's "Log out" button (a console form) would
-    fail its check. One random secret for the whole process keeps "random per process".
+    Written when the console's and the site's pages were two ``Site`` objects, each of
+    which turns an empty secret into its own random CSRF key. ``gateway.app.build_app``
+    now makes one ``Site`` for all of them, so this only says at the composition root
+    what ``Csrf`` does anyway: without a configured secret, one random key per process.
     """
     if accounts.session_secret:
         return accounts
