@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.web import usage_report
 from gateway.web.charts import Series, stacked_bars
 from gateway.web.sessions import SessionUser
 from gateway.web.site import Site
@@ -58,8 +59,7 @@ class UsageViews:
 
     async def page(self, request: Request, user: SessionUser) -> Response:
         """The chart and the top-teams table."""
-        today = datetime.now(UTC).date()
-        days = [today - timedelta(days=DAYS - 1 - i) for i in range(DAYS)]
+        days = usage_report.period(DAYS)
         by_plan = await tokens_by_plan(self.site.db, days[0])
         series = [
             Series(plan, f"s-plan-{i % 6}", [by_plan[plan].get(d, 0) for d in days])
