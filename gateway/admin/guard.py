@@ -13,11 +13,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from gateway.web.csrf import Handler
 from gateway.web.sessions import SessionUser
 from gateway.web.site import LoginRequired, Site, login_redirect
 
 StaffHandler = Callable[[Request, SessionUser], Awaitable[Response]]
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 async def is_staff(db: Any, user_id: int) -> bool:

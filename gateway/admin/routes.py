@@ -7,12 +7,13 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin.audit_views import AuditViews
-from gateway.admin.guard import Handler, StaffHandler, staff_only
+from gateway.admin.guard import StaffHandler, staff_only
 from gateway.admin.leads_views import LeadViews
 from gateway.admin.teams_views import TeamViews
 from gateway.admin.tiers_views import TierViews
 from gateway.admin.usage_views import UsageViews
 from gateway.site.config import SiteConfig
+from gateway.web.csrf import Handler
 from gateway.web.sessions import SessionUser
 from gateway.web.site import Site
 

@@ -20,6 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 COOKIE = "kvg_csrf"
 FIELD = "csrf_token"
 
+#: A Starlette request handler, as the routes and their guards wrap it.
 Handler = Callable[[Request], Awaitable[Response]]
 
 

@@ -8,7 +8,6 @@ behind the login guard, which sends anonymous browsers to the login page.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 
 import stripe
 from starlette.requests import Request
@@ -23,10 +22,9 @@ from gateway.web.console_billing import BillingViews
 from gateway.web.console_keys import KeyViews
 from gateway.web.console_members import MemberViews
 from gateway.web.console_usage import UsageViews
+from gateway.web.csrf import Handler
 from gateway.web.site import LoginRequired, Site, login_redirect
 from web import STATIC_DIR
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 WEBHOOK_PATH = "/billing/stripe/webhook"
 
