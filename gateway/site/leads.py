@@ -8,7 +8,7 @@ posts, and needs no separate counter to expire.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import asyncpg
@@ -64,7 +64,7 @@ class LeadForm:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name (for templates that re-show the form)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
 
 async def store(
