@@ -1,7 +1,8 @@
-"""``kvgate admin``: manage teams and API keys from the command line.
+"""``kvgate admin``: manage teams, API keys and sign-in users from the command line.
 
-The web console comes later; until then this is how staff onboard a team. A key's secret
-is printed exactly once, by ``keys create``: only its hash is stored.
+Operators use it where the web console cannot help: before anyone can sign in (the first
+staff user, ``users create --staff``) and for scripted onboarding. A key's secret is
+printed exactly once, by ``keys create``: only its hash is stored.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _when(value: Any) -> str:
 
 @click.group()
 def admin() -> None:
-    """Teams and API keys."""
+    """Teams, API keys and sign-in users."""
 
 
 @admin.group()
