@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -10,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from workers.engine.api import GenerateRequest, SamplingParams, TokenEvent
 from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.offload import KVOffload
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,14 @@ def tiny_llama(seed: int = 0, *, rope_scaling: dict | None = None) -> TinyModel:
     return TinyModel(config, reference.state_dict(), reference)
 
 
-def tiny_engine(model: TinyModel, *, pages: int = 256, **options: object) -> TorchEngine:
-    """A CPU float32 engine on ``model`` whose pool holds ``pages`` pages of 16 tokens."""
+def tiny_engine(
+    model: TinyModel, *, pages: int = 256, offload: KVOffload | None = None, **options: Any
+) -> TorchEngine:
+    """A CPU float32 engine on ``model`` whose pool holds ``pages`` pages of 16 tokens;
+    ``options`` replace EngineOptions fields, ``offload`` is its lower tier (none)."""
     page_bytes = model.config.kv_bytes_per_token(4) * 16
     opts = EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=pages * page_bytes)
-    return TorchEngine(
-        model.config, model.state_dict, EngineOptions(**{**opts.__dict__, **options})
-    )
+    return TorchEngine(model.config, model.state_dict, replace(opts, **options), offload=offload)
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:

@@ -8,7 +8,6 @@ import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
-from workers.engine.engine import EngineOptions, TorchEngine
 from workers.engine.kv_pool import KVPool, PoolExhausted
 from workers.engine.offload import EvictedPage, LoadedPrefix
 from workers.engine.radix import RadixCache
@@ -100,13 +99,7 @@ class InMemoryOffload:
 
 async def test_evicted_pages_come_back_through_the_offload() -> None:
     offload = InMemoryOffload()
-    page_bytes = MODEL.config.kv_bytes_per_token(4) * 16
-    engine = TorchEngine(
-        MODEL.config,
-        MODEL.state_dict,
-        EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=8 * page_bytes),
-        offload=offload,
-    )
+    engine = tiny_engine(MODEL, pages=8, offload=offload)
     cold = tiny_engine(MODEL)
     try:
         prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -144,13 +137,7 @@ class BrokenOffload:
 
 async def test_a_failing_offload_costs_recompute_not_requests() -> None:
     offload = BrokenOffload()
-    page_bytes = MODEL.config.kv_bytes_per_token(4) * 16
-    engine = TorchEngine(
-        MODEL.config,
-        MODEL.state_dict,
-        EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=8 * page_bytes),
-        offload=offload,
-    )
+    engine = tiny_engine(MODEL, pages=8, offload=offload)
     try:
         prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(3)).tolist()
         first = await run(engine, "a", prompt, greedy(10))
