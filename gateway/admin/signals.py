@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gateway.site.leads import MONTHLY_TOKENS, TEAM_SIZES
+
 #: Domains shared by unrelated people: never matched to a lead's company.
 PUBLIC_MAIL_DOMAINS = (
     "gmail.com",
@@ -42,8 +44,9 @@ SIGNALS_SQL = """
               AND l.email_domain <> ALL($1::text[]))
 """
 
-_SIZE_POINTS = {"1-10": 0, "11-50": 5, "51-200": 10, "201-1000": 15, "1000+": 20}
-_VOLUME_POINTS = {"< 10M": 0, "10M-100M": 5, "100M-1B": 10, "1B-10B": 15, "> 10B": 20}
+#: 0 to 20 points along the contact form's choices, smallest first.
+_SIZE_POINTS = {size: 5 * i for i, size in enumerate(TEAM_SIZES)}
+_VOLUME_POINTS = {volume: 5 * i for i, volume in enumerate(MONTHLY_TOKENS)}
 
 
 @dataclass(frozen=True)
