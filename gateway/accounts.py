@@ -1,7 +1,7 @@
 """Teams, plans and API keys in Postgres: the admin operations and the key lookup.
 
-Used by ``kvgate admin`` (create/list/revoke) and by the gateway's authenticator
-(:func:`lookup_key`). Every function takes an asyncpg connection or pool.
+Used by ``kvgate admin`` (create/list/revoke), the console's key pages and the gateway's
+authenticator (:func:`lookup_key`). Every function takes an asyncpg connection or pool.
 """
 
 from __future__ import annotations
