@@ -9,6 +9,8 @@ each test uses its own names (namespaces, teams, bucket prefixes) rather than cl
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,11 +23,17 @@ from migrations import runner
 
 
 @pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """DSN of a migrated Postgres shared by the whole session."""
+def pg_dsn() -> Iterator[str]:
+    """DSN of a migrated Postgres shared by the whole session.
+
+    The embedded server's data lives outside pytest's temp root on purpose: as root,
+    pgserver runs PostgreSQL as its own user, and every new pytest session on the machine
+    resets ``/tmp/pytest-of-root`` to mode 0700, which would lock that user out mid-run.
+    """
     import asyncio
 
-    with database(os.environ.get("DATABASE_URL"), tmp_path_factory.mktemp("pg")) as dsn:
+    data = Path(tempfile.mkdtemp(prefix="kvgate-test-pg-"))
+    with database(os.environ.get("DATABASE_URL"), data) as dsn:
 
         async def _migrate() -> None:
             conn = await asyncpg.connect(dsn)
@@ -36,6 +44,7 @@ def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
         asyncio.run(_migrate())
         yield dsn
+    shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
