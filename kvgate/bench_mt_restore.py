@@ -90,7 +90,6 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         tier_host_bytes=4 * pool_tokens * kv_bytes,
     )
     history = _messages(length, seed)
-    other = _messages(length, seed + 1)
     out: dict[str, Sample] = {}
     logs = log_dir / f"restore-{length}"
     with stack.worker("restore-a", TIERS, site, logs) as url:
@@ -98,10 +97,12 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         out["recompute"] = asyncio.run(_ask(url, history))
         resident = [asyncio.run(_ask(url, history)) for _ in range(RESIDENT_REPEATS)]
         out["resident"] = min(resident, key=lambda s: abs(s.ttft - _median(resident)))
-        evictor = asyncio.run(_ask(url, other))  # evicts the history: L2 now, the NAS soon
-        # the history's pages that cannot stay in the pool next to the other one
-        room = pool_tokens // page - -(-(evictor.prompt_tokens + 1) // page)
-        _wait_for_nas(site, out["recompute"].prompt_tokens // page - room)
+        # A prompt that needs every page of the pool evicts the whole history (a page left
+        # in L1 would be missing from the NAS, and a prefix that misses its first page is
+        # no prefix): L2 now, the NAS once written behind.
+        overhead = out["recompute"].prompt_tokens - length  # message, template
+        asyncio.run(_ask(url, _messages(pool_tokens - overhead - page // 2, seed + 1)))
+        _wait_for_nas(site, out["recompute"].prompt_tokens // page)
         out["host"] = asyncio.run(_ask(url, history))
     with stack.worker("restore-b", TIERS, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
