@@ -52,7 +52,9 @@ def render(data: dict[str, Any]) -> str:
         f"in `object` tierd keeps at most {spec['small_nas_tokens']} tokens on the NAS.",
         "- Configurations: `recompute` (evictions dropped), `host` (L1+L2), `nas` (L1+L2+L3), "
         "`object` (L1+L2+L3+L4), `gateway_shared` (gateway, two workers sharing NAS and S3, "
-        "every follow-up turn routed to the other worker).",
+        "every follow-up turn routed to the other worker). `gateway_shared` runs two workers "
+        "(twice the L1, two engines on the same cores), so its requests/s does not compare "
+        "with one worker's; its figure is the cached share of follow-up turns.",
         "- No reuse: first turns of fresh conversations, tiering off (`recompute`) vs on "
         "(`object`). Restore vs resident: one turn whose history is in L1, L2, L3, L4 or "
         "nowhere (see `kvgate/bench_mt_restore.py`).",
