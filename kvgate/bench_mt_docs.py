@@ -116,6 +116,20 @@ def findings(data: dict[str, Any]) -> list[str]:
             "requests at this history length, so requests queue for L1 in every "
             "configuration and TTFT includes that wait."
         )
+        rates = data.get("physics", {}).get("prefill_tokens_per_s", {})
+        if rates and nas["output_tps"]:
+            rate = max(rates.values())
+            out_tokens = nas["output_tps"] * nas["seconds"] / nas["requests"]
+            decode = nas["tpot_p50"] * out_tokens
+            out.append(
+                f"- At the measured prefill rate ({rate:.0f} tokens/s) a request's prefill is "
+                f"{rec_pre / rate:.2f} s recomputed and {nas_pre / rate:.2f} s from the NAS, "
+                f"while its {out_tokens:.0f}-token answer streams for {decode:.1f} s "
+                f"({nas['tpot_p50']:.3f} s per token at this concurrency): decoding, shared "
+                "by the requests batched together, is the part no tier removes. The tiers win "
+                "big where prefill dominates (long histories, fast decode: a GPU), see the "
+                "physics."
+            )
     for key, v in data.get("targets", {}).items():
         if not v["met"]:
             value = "not measured" if v["value"] is None else f"{v['value']:.3f}"
