@@ -11,8 +11,9 @@ Configurations (each on a fresh database, NAS directory and S3 prefix):
   store, each turn's session key chosen so that the gateway's ring sends it to the other
   worker than the previous turn: every follow-up must resume from the shared tiers.
 
-Then the no-reuse workload (first turns of fresh conversations only) on ``recompute`` and
-``object``, the price of tiering when it cannot help.
+Then the no-reuse workload (first turns of fresh conversations only) on two fresh workers,
+one without tiers and one with all of them (no tierd), the price of tiering when it cannot
+help. Both start cold, so neither inherits the other runs' queues or background work.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Spec:
 QUICK = Spec(
     conversations=12, active=12, clients=8, warmup=12, max_requests=24,
     l1_tokens=6144, small_l2_tokens=1024, small_nas_tokens=4096,
-    restore_lengths=(4000,), no_reuse_requests=8,
+    restore_lengths=(4000,), no_reuse_requests=24,
 )  # fmt: skip
 FULL = Spec(
     conversations=64, active=32, clients=8, warmup=32, max_requests=0,
@@ -134,7 +135,8 @@ class Compare:
     def plan(self, *, no_reuse: bool = False) -> Plan:
         s = self.spec
         if no_reuse:
-            return Plan(clients=s.clients, active=s.clients + 1, warmup=0)
+            # the first round pays each fresh worker's one-off costs: left out
+            return Plan(clients=s.clients, active=s.clients + 1, warmup=s.clients)
         return Plan(s.clients, s.active, s.warmup, s.max_requests)
 
     def run_all(
@@ -153,10 +155,6 @@ class Compare:
             try:
                 with self._serving(name) as (target, headers_for):
                     runs[name] = self._play(name, target, self.workload, self.plan(), headers_for)
-                    if name in ("recompute", "object"):
-                        label = "off" if name == "recompute" else "on"
-                        plan = self.plan(no_reuse=True)
-                        no_reuse[label] = self._play(label, target, self.no_reuse, plan).summary
             except (stack.PartError, OSError, RuntimeError) as exc:
                 failures[name] = str(exc)
                 click.echo(f"{name} failed: {exc}", err=True)
@@ -167,6 +165,15 @@ class Compare:
                 f"cached {s.cached_ratio:.0%}, errors {s.errors}",
                 err=True,
             )
+        for label, tiers in (("off", ""), ("on", "host,nas,object")):
+            click.echo(f"--- no reuse, tiering {label}", err=True)
+            site = self.site(f"noreuse_{label}", tier_host_bytes=self.spec.small_l2_tokens * self.kv_bytes)  # fmt: skip
+            try:
+                with stack.worker(f"noreuse-{label}", tiers, site, self.log_dir / "no-reuse") as url:  # fmt: skip
+                    played = self._play(label, Target(url), self.no_reuse, self.plan(no_reuse=True))
+                    no_reuse[label] = played.summary
+            except (stack.PartError, OSError, RuntimeError) as exc:
+                failures[f"no_reuse_{label}"] = str(exc)
         return runs, {k: v.as_dict() for k, v in no_reuse.items()}, failures
 
     def _play(

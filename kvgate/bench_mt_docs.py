@@ -55,8 +55,8 @@ def render(data: dict[str, Any]) -> str:
         "every follow-up turn routed to the other worker). `gateway_shared` runs two workers "
         "(twice the L1, two engines on the same cores), so its requests/s does not compare "
         "with one worker's; its figure is the cached share of follow-up turns.",
-        "- No reuse: first turns of fresh conversations, tiering off (`recompute`) vs on "
-        "(`object`). Restore vs resident: one turn whose history is in L1, L2, L3, L4 or "
+        f"- No reuse: first turns of {spec['no_reuse_requests']} fresh conversations on two "
+        "fresh workers, tiering off vs on (host, NAS, S3, ledger; no tierd). Restore vs resident: one turn whose history is in L1, L2, L3, L4 or "
         "nowhere (see `kvgate/bench_mt_restore.py`).",
         "",
         "## Machine",
