@@ -164,8 +164,11 @@ async def test_playground_streams_from_the_free_tier_and_shows_cached_tokens(
             }"""
         )
         await _say(page, "Tell me a long story about a lighthouse keeper.", 0)
+        # A non-streaming page shows the answer once; a streaming one at least twice. (How
+        # many network reads the browser coalesces depends on the machine's load, so the
+        # test asks for the least that proves streaming.)
         lengths = sorted(set(await page.evaluate("window.lengths")) - {0})
-        assert len(lengths) >= 3, f"the answer did not stream (text lengths seen: {lengths})"
+        assert len(lengths) >= 2, f"the answer did not stream (text lengths seen: {lengths})"
         first_prompt = int(await page.locator("#prompt-tokens").inner_text())
         assert first_prompt > 0
 
