@@ -5,8 +5,8 @@ workers in turn, each with a device pool that holds one such history and no more
 
 1. worker A prefills the turn (``recompute``), answers it again from L1 (``resident``),
    then prefills a second history of the same length, which evicts the first to A's host
-   RAM and, written behind, to the NAS; once the ledger shows those pages on the NAS the
-   turn is sent again and comes back from A's host RAM (``host``);
+   RAM and, written behind, to the NAS; once the ledger shows those pages on the NAS and
+   A's pool is flushed, the turn is sent again and comes back from A's host RAM (``host``);
 2. worker B, a fresh process sharing the NAS, answers it from the NAS (``nas``);
 3. one ``tierd --once`` pass with a NAS watermark of one byte demotes every page to the
    object store and deletes it from the NAS; worker C, fresh again, answers from S3
@@ -103,6 +103,9 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         overhead = out["recompute"].prompt_tokens - length  # message, template
         asyncio.run(_ask(url, _messages(pool_tokens - overhead - page // 2, seed + 1)))
         _wait_for_nas(site, out["recompute"].prompt_tokens // page)
+        # Drop the evicting prompt's pages (no offload) so the next turn is charged for
+        # fetching from host RAM only, not for first evicting a pool's worth of other KV.
+        httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         out["host"] = asyncio.run(_ask(url, history))
     with stack.worker("restore-b", TIERS, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
