@@ -228,9 +228,11 @@ def test_driver_plays_every_turn_with_real_answers_round_robin(
             assert nxt.prompt_tokens >= prev.prompt_tokens + prev.output_tokens + len(
                 turn.user.split()
             )
-        # round-robin over more conversations than clients: others' turns come in between
-        positions = by_conv[c.cid]
-        assert all(b - a >= 2 for a, b in itertools.pairwise(positions))
+    # Round-robin over more conversations than clients: while at least clients + 1
+    # conversations still have turns to play, another one's turn always comes in between.
+    cutoff = sorted(p[-1] for p in by_conv.values())[-3]
+    for positions in by_conv.values():
+        assert all(b - a >= 2 for a, b in itertools.pairwise(positions) if b <= cutoff)
     assert sum(r.warmup for r in results) == 2
     followups = [r for r in results if r.turn > 0]
     assert sum(r.cached_by_tier.get("host", 0) for r in followups) > 0  # evicted, then restored
