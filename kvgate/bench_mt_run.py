@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import asdict, replace
@@ -70,6 +71,8 @@ def compare_run(
             click.echo(f"restore failed: {exc}", err=True)
             restore = {}
         data["restore"] = {str(n): v for n, v in restore.items()}
+    for bulk in ("nas", "s3", "pg"):  # gigabytes of KV pages; the logs stay for reading
+        shutil.rmtree(root / bulk, ignore_errors=True)
     data["machine"]["load_average_at_end"] = os.getloadavg()
     data["seconds"] = time.perf_counter() - started
     data = rewrite(data, name)
