@@ -145,9 +145,18 @@ class NasTier:
             pos += os.write(fd, view[pos : pos + chunk])
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
-        await asyncio.gather(*(self._run(self._write_one, b) for b in blocks))
-        self._stats.puts += len(blocks)
-        self._stats.bytes_written += sum(b.nbytes for b in blocks)
+        # Every write runs to its end (or its clean-up) before this returns, even when one
+        # fails: a caller that goes on after the first error must not race writes still
+        # in flight (their temporaries would outlive the call).
+        results = await asyncio.gather(
+            *(self._run(self._write_one, b) for b in blocks), return_exceptions=True
+        )
+        written = [b for b, r in zip(blocks, results, strict=True) if r is None]
+        self._stats.puts += len(written)
+        self._stats.bytes_written += sum(b.nbytes for b in written)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     # --- deletes and scans ----------------------------------------------------------------
     def _unlink(self, path: Path) -> bool:
