@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import click
 import numpy as np
 
+from kvgate.database import migrate_database
 from kvgate.services.postgres import database
 from kvgate.settings import load_settings
-from migrations import runner
 from tiering.sglang_host_pool import MHAHostPoolReplica, attach
 from tiering.sglang_options import DATABASE_URL_ENV, SGLangBackendOptions
 
@@ -180,14 +179,6 @@ def render(f: dict[str, Any]) -> str:
     )
 
 
-async def _migrate(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await runner.migrate(conn)
-    finally:
-        await conn.close()
-
-
 @click.command()
 @click.option("--quick", is_flag=True, help="32 pages, 3 repetitions (under a minute).")
 @click.option(
@@ -204,7 +195,7 @@ def sglang(quick: bool, json_path: Path | None, out: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-sglang-") as tmp:
         scratch = Path(tmp)
         with database(url, scratch / "pg") as dsn:
-            asyncio.run(_migrate(dsn))
+            asyncio.run(migrate_database(dsn))
             os.environ[DATABASE_URL_ENV] = dsn  # where the backend, inside SGLang, finds it
             (scratch / "nas").mkdir()
             figures = measure(

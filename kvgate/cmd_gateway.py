@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 import click
 import uvicorn
 
 from gateway.app import build_app
 from gateway.config import GatewayConfig
 from kvgate.accounts_config import accounts_config
-from kvgate.database import settings_database
+from kvgate.database import migrate_database, settings_database
 from kvgate.settings import Settings, load_settings
 from kvgate.site_config import one_secret_per_process, site_config
-from migrations import runner
 
 
 def gateway_config(settings: Settings, dsn: str) -> GatewayConfig:
@@ -35,14 +33,6 @@ def gateway_config(settings: Settings, dsn: str) -> GatewayConfig:
     )
 
 
-async def _migrate(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await runner.migrate(conn)
-    finally:
-        await conn.close()
-
-
 @click.command()
 @click.option("--host", default=None, help="Address to bind (default: settings bind_host).")
 @click.option("--port", type=int, default=None, help="Port (default: settings gateway_port).")
@@ -50,7 +40,7 @@ def gateway(host: str | None, port: int | None) -> None:
     """Serve the OpenAI-compatible gateway (keys, limits, routing, usage)."""
     settings = load_settings()
     with settings_database(settings) as dsn:
-        asyncio.run(_migrate(dsn))
+        asyncio.run(migrate_database(dsn))
         app = build_app(gateway_config(settings, dsn))
         uvicorn.run(
             app,
