@@ -14,7 +14,6 @@ Postgres is the configured one, else an embedded PostgreSQL started for the run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvgate.bench_output import publish
 from kvgate.database import migrate_database
 from kvgate.services.postgres import database
 from kvgate.settings import load_settings
@@ -201,14 +201,11 @@ def sglang(quick: bool, json_path: Path | None, out: Path | None) -> None:
             figures = measure(
                 scratch / "nas", QUICK if quick else FULL, lambda m: click.echo(m, err=True)
             )
-    report = render(figures)
-    click.echo(report)
-    if out is None and not quick:
-        out = Path("docs/benchmarks/sglang.md")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
-        click.echo(f"wrote {out}", err=True)
-    if json_path is not None:
-        json_path.write_text(json.dumps(figures, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    publish(
+        render(figures),
+        figures,
+        out=out,
+        json_path=json_path,
+        default_out=Path("docs/benchmarks/sglang.md"),
+        quick=quick,
+    )

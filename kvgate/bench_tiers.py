@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvgate.bench_output import publish
 from kvgate.services.postgres import create_pool, database
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, seaweed_s3
 from kvgate.settings import Settings, load_settings
@@ -371,14 +371,11 @@ def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg()[0],
     }
-    report = render(figures, plan)
-    click.echo(report)
-    if out is None and not quick:
-        out = Path("docs/benchmarks/tiers.md")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
-        click.echo(f"wrote {out}", err=True)
-    if json_path is not None:
-        json_path.write_text(json.dumps(figures, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    publish(
+        render(figures, plan),
+        figures,
+        out=out,
+        json_path=json_path,
+        default_out=Path("docs/benchmarks/tiers.md"),
+        quick=quick,
+    )
