@@ -7,7 +7,6 @@ printed exactly once, by ``keys create``: only its hash is stored.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -16,29 +15,18 @@ import click
 
 from gateway import accounts
 from gateway.admin import staff as staff_users
-from kvgate.database import settings_database
+from kvgate.database import run_on_database
 from kvgate.settings import load_settings
-from migrations import runner
 
 T = TypeVar("T")
 
 
 def _with_db(work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    """Run ``work`` on a connection to the configured (migrated) database."""
-
-    async def run(dsn: str) -> T:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await runner.migrate(conn)
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    with settings_database(load_settings()) as dsn:
-        try:
-            return asyncio.run(run(dsn))
-        except (accounts.AccountError, staff_users.StaffError) as exc:
-            raise click.ClickException(str(exc)) from exc
+    """Run ``work`` on the configured (migrated) database; account errors become CLI errors."""
+    try:
+        return run_on_database(load_settings(), work)
+    except (accounts.AccountError, staff_users.StaffError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _when(value: Any) -> str:

@@ -8,7 +8,6 @@ Stripe's meter summaries back and lists every day on which they differ from ours
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -21,9 +20,8 @@ from gateway.billing import meters, subscriptions
 from gateway.billing.client import BillingDisabled, stripe_client
 from gateway.billing.reconcile import Reconciliation, reconcile
 from kvgate.accounts_config import billing_config
-from kvgate.database import settings_database
+from kvgate.database import run_on_database
 from kvgate.settings import load_settings
-from migrations import runner
 
 T = TypeVar("T")
 
@@ -39,20 +37,12 @@ def _run(
     settings = load_settings()
     config = billing_config(settings)
     http_client = (ctx.obj or {}).get("stripe_http_client")
-
-    async def run(dsn: str) -> T:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await runner.migrate(conn)
-            return await work(conn, stripe_client(config, http_client))
-        finally:
-            await conn.close()
-
-    with settings_database(settings) as dsn:
-        try:
-            return asyncio.run(run(dsn))
-        except BillingDisabled as exc:
-            raise click.ClickException(str(exc)) from exc
+    try:
+        return run_on_database(
+            settings, lambda conn: work(conn, stripe_client(config, http_client))
+        )
+    except BillingDisabled as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.group()

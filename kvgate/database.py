@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import asyncpg
 
 from kvgate.services.postgres import database
 from kvgate.settings import Settings
 from migrations import runner
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -27,3 +31,23 @@ async def migrate_database(dsn: str) -> list[str]:
         return await runner.migrate(conn)
     finally:
         await conn.close()
+
+
+def run_on_database(settings: Settings, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Run ``work`` on one connection to ``settings``' migrated database; return its result.
+
+    The connection, and an embedded server started for it, are closed afterwards. For
+    one-shot commands (``kvgate admin``, ``kvgate billing``) that need the schema current
+    but no pool and no event loop of their own.
+    """
+
+    async def run(dsn: str) -> T:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await runner.migrate(conn)
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    with settings_database(settings) as dsn:
+        return asyncio.run(run(dsn))
