@@ -14,58 +14,16 @@ for ``GET /health`` and stops it with SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
-
 import click
 import uvicorn
 
-from kvgate.services.postgres import create_pool
 from kvgate.serving import kv_layout, load_model, worker_options
-from kvgate.settings import Settings, load_settings
-from kvgate.tiering_setup import cost_config, nas_config, object_config, store_config
-from tiering.cost import CostModel
-from tiering.ledger import Ledger
-from tiering.pinned import host_copy_in
-from tiering.store import LOWER_TIERS, TieredStore
-from tiering.tiers.host import HostTier
-from tiering.tiers.nas import NasTier
-from tiering.tiers.object import ObjectTier
+from kvgate.settings import load_settings
+from kvgate.tiering_setup import object_config, tiered_offload
+from tiering.store import LOWER_TIERS
 from workers.context import ServerConfig
 from workers.engine.engine import TorchEngine
-from workers.engine.tiered_offload import TieredOffload
 from workers.server import create_app
-
-
-async def build_store(settings: Settings, tiers: frozenset[str]) -> TieredStore:
-    """A tiered store holding only ``tiers`` (``host`` is always there: it is the spill path).
-
-    The ledger is used whenever a shared tier is, so that two workers find each other's pages.
-    """
-    stack = contextlib.AsyncExitStack()
-    nas = obj = ledger = None
-    if "nas" in tiers:
-        settings.nas_dir.mkdir(parents=True, exist_ok=True)
-        nas = NasTier(nas_config(settings))
-        stack.callback(nas.close)
-    if "object" in tiers:
-        cfg = object_config(settings)
-        if cfg is None:
-            raise click.UsageError("--tiers object needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
-        obj = ObjectTier(cfg)
-        stack.push_async_callback(obj.close)
-    if (nas or obj) and settings.database_url is not None:
-        pool = await create_pool(settings.database_url.get_secret_value(), min_size=0, max_size=4)
-        stack.push_async_callback(pool.close)
-        ledger = Ledger(pool)
-    return TieredStore(
-        HostTier(settings.tier_host_bytes, copy_in=host_copy_in()),
-        nas=nas,
-        obj=obj,
-        ledger=ledger,
-        cost=CostModel(cost_config(settings)),
-        config=store_config(settings),
-        resources=stack,
-    )
 
 
 @click.command()
@@ -78,6 +36,8 @@ def main(tiers: str, host: str, port: int) -> None:
     if unknown := chosen - set(LOWER_TIERS):
         raise click.UsageError(f"unknown tiers {sorted(unknown)}; pick from {LOWER_TIERS}")
     settings = load_settings()
+    if "object" in chosen and object_config(settings) is None:
+        raise click.UsageError("--tiers object needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
     options = worker_options(settings)
     loaded = load_model(options)
     engine: TorchEngine | None = None
@@ -89,11 +49,13 @@ def main(tiers: str, host: str, port: int) -> None:
 
     offload = None
     if chosen:
-        offload = TieredOffload(
-            lambda: build_store(settings, chosen),
+        dsn = settings.database_url.get_secret_value() if settings.database_url else None
+        offload = tiered_offload(
+            settings,
+            dsn,
+            tiers=chosen,
             model_fingerprint=loaded.model_id,
             layout=kv_layout(loaded.config, options.engine),
-            fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1,
             prefill_stats=prefill_stats,
         )
     engine = TorchEngine(

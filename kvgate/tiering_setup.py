@@ -7,7 +7,7 @@ worker, ``kvgate bench tiers``) build its configs here, in one place.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from kvgate.services.postgres import create_pool
@@ -74,24 +74,35 @@ def tierd_config(s: Settings) -> TierdConfig:
     )
 
 
-async def build_store(settings: Settings, dsn: str | None) -> TieredStore:
-    """A worker's tiered store: host RAM, the NAS, S3 when configured, the ledger when ``dsn``.
+async def build_store(
+    settings: Settings, dsn: str | None, tiers: Collection[str] | None = None
+) -> TieredStore:
+    """A worker's tiered store: host RAM, the lower ``tiers``, and the ledger when ``dsn``.
 
-    The ledger pool opens lazily (``min_size=0``) so that a worker starts, and serves by
-    recompute, while Postgres is down. Everything opened here is closed by ``store.close()``.
+    ``tiers`` picks from ``nas`` and ``object`` (``host`` is always there: it is the spill
+    path); by default every configured one: the NAS, and S3 when an endpoint is set. Named
+    explicitly, ``object`` must be configured. The ledger is used whenever a shared tier
+    is, so that workers find each other's pages; its pool opens lazily (``min_size=0``) so
+    that a worker starts, and serves by recompute, while Postgres is down. Everything
+    opened here is closed by ``store.close()``.
     """
     from tiering.pinned import host_copy_in  # torch: only workers build stores
 
+    obj_cfg = object_config(settings)
+    if tiers is None:
+        tiers = ("nas", "object") if obj_cfg is not None else ("nas",)
     stack = contextlib.AsyncExitStack()
-    settings.nas_dir.mkdir(parents=True, exist_ok=True)
-    nas = NasTier(nas_config(settings))
-    stack.callback(nas.close)
-    obj = None
-    if (cfg := object_config(settings)) is not None:
-        obj = ObjectTier(cfg)
+    nas = obj = ledger = None
+    if "nas" in tiers:
+        settings.nas_dir.mkdir(parents=True, exist_ok=True)
+        nas = NasTier(nas_config(settings))
+        stack.callback(nas.close)
+    if "object" in tiers:
+        if obj_cfg is None:
+            raise ValueError("the object tier needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
+        obj = ObjectTier(obj_cfg)
         stack.push_async_callback(obj.close)
-    ledger = None
-    if dsn:
+    if dsn and (nas is not None or obj is not None):
         pool = await create_pool(dsn, min_size=0, max_size=4)
         stack.push_async_callback(pool.close)
         ledger = Ledger(pool)
@@ -110,15 +121,19 @@ def tiered_offload(
     settings: Settings,
     dsn: str | None,
     *,
+    tiers: Collection[str] | None = None,
     model_fingerprint: str,
     layout: KVLayout,
     prefill_stats: Callable[[], tuple[int, float]] | None = None,
 ) -> TieredOffload:
-    """The engine's ``offload=`` for the built-in worker, wired from ``settings``."""
+    """The engine's ``offload=`` for the built-in worker, wired from ``settings``.
+
+    ``tiers`` and ``dsn`` choose the store's lower tiers and ledger, as in :func:`build_store`.
+    """
     from workers.engine.tiered_offload import TieredOffload
 
     return TieredOffload(
-        lambda: build_store(settings, dsn),
+        lambda: build_store(settings, dsn, tiers),
         model_fingerprint=model_fingerprint,
         layout=layout,
         fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1.0,
