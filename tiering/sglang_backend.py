@@ -2,9 +2,10 @@
 
 SGLang (0.5.23) loads this class with ``--hicache-storage-backend dynamic`` and the extra
 config that :mod:`tiering.sglang_options` describes. Pages land on the shared NAS through
-the same :class:`~tiering.store.TieredStore` the built-in engine uses — same block codec
-and checksums, same ledger rows, same tierd demotion to the object store — so any worker
-can resume a conversation another one served.
+the same :class:`~tiering.store.TieredStore` the built-in engine uses (opened by
+:mod:`tiering.sglang_store`) — same block codec and checksums, same ledger rows, same
+tierd demotion to the object store — so any worker can resume a conversation another one
+served.
 
 Threading: SGLang calls the backend synchronously from its prefetch, backup and scheduler
 threads at once. The tiered store is asyncio code, so it lives on a private event loop in
@@ -28,15 +29,12 @@ import asyncio
 import hashlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import asyncpg
 import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -47,22 +45,12 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from tiering.codec import DTYPE_SIZES, Block, make_block
-from tiering.cost import CostConfig, CostModel
 from tiering.failures import FailureLog
 from tiering.keys import Namespace
-from tiering.ledger import Ledger
 from tiering.sglang_loop import LoopThread, never_raises
-from tiering.sglang_options import (
-    DATABASE_URL_ENV,
-    S3_ACCESS_KEY_ENV,
-    S3_SECRET_KEY_ENV,
-    SGLangBackendOptions,
-)
+from tiering.sglang_options import SGLangBackendOptions
 from tiering.sglang_pages import PageBuffers, gather, page_buffers, scatter
-from tiering.store import StoreConfig, TieredStore
-from tiering.tiers.host import HostTier
-from tiering.tiers.nas import NasConfig, NasTier
-from tiering.tiers.object import ObjectConfig, ObjectTier
+from tiering.sglang_store import open_store
 
 log = logging.getLogger("kvgate.tiering.sglang")
 
@@ -98,68 +86,11 @@ class KvgateHiCacheStorage(HiCacheStorage):
             "backup_bandwidth": [],
         }
         self._rt = LoopThread("kvgate-sglang-tiers")
-        self._pg_pool: asyncpg.Pool | None = None
-        self._object: ObjectTier | None = None
         try:
-            self._store = self._rt.call(self._open(), _OPEN_TIMEOUT_S)
+            self._store = self._rt.call(open_store(self.options, self.failures), _OPEN_TIMEOUT_S)
         except BaseException:
             self._rt.stop()
             raise
-
-    async def _open(self) -> TieredStore:
-        o = self.options
-        nas_root = Path(o.nas_path)
-        if not nas_root.is_dir():
-            raise FileNotFoundError(
-                f"NAS directory {nas_root} does not exist: mount the shared NAS there "
-                "or point nas_path in the backend's extra config at it"
-            )
-        self._object = await ObjectTier(
-            ObjectConfig(
-                endpoint_url=o.s3_endpoint,
-                bucket=o.s3_bucket,
-                prefix=o.s3_prefix,
-                region=o.s3_region,
-                access_key=os.environ.get(S3_ACCESS_KEY_ENV),
-                secret_key=os.environ.get(S3_SECRET_KEY_ENV),
-            )
-        ).start()
-        ledger = None
-        dsn = os.environ.get(DATABASE_URL_ENV)
-        if dsn:
-            try:
-                self._pg_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4, timeout=5)
-                ledger = Ledger(self._pg_pool)
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                # Lookups fall back to the NAS itself; the ledger catches up via tierd.
-                self.failures.record("ledger", "connect", exc)
-        else:
-            log.warning("%s is not set: running without the KV ledger", DATABASE_URL_ENV)
-        # SGLang decides whether a prefetch is worth it (its prefetch policy), so the store
-        # must not second-guess it: fetch whatever is asked, bounded by our deadline only.
-        deadline = o.get_deadline_s
-        cost = CostModel(
-            CostConfig(
-                margin=0.0,
-                prior_prefill_tokens_per_s=1e-9,
-                deadline_s={"host": deadline, "nas": deadline, "object": deadline},
-            )
-        )
-        store = TieredStore(
-            HostTier(o.host_bytes),
-            nas=NasTier(
-                NasConfig(root=nas_root, threads=o.nas_threads or min(8, os.cpu_count() or 1))
-            ),
-            obj=self._object,
-            ledger=ledger,
-            cost=cost,
-            config=StoreConfig(
-                write_queue_pages=o.write_queue_pages,
-                # Half the caller's deadline, so a slow ledger still leaves time to ask the NAS.
-                ledger_timeout_s=o.exists_deadline_s / 2,
-            ),
-        )
-        return await store.start()
 
     # --- scope ------------------------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -430,11 +361,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         try:
             await asyncio.wait_for(self._store.drain(), self.options.set_deadline_s)
         finally:
-            await self._store.close(drain=False)
-            if self._object is not None:
-                await self._object.close()
-            if self._pg_pool is not None:
-                await self._pg_pool.close()
+            await self._store.close(drain=False)  # also closes the S3 client and ledger pool
 
     # --- counters ------------------------------------------------------------------------------
     def count(self, name: str, n: int = 1) -> None:
