@@ -60,7 +60,9 @@ class _Server(uvicorn.Server):
 
 
 @click.command(cls=EngineSwitch)  # --engine sglang hands over to `kvgate worker-sglang`
-@click.option("--model", help="GGUF file, safetensors dir or tiny-random (default: SmolLM2).")
+@click.option(
+    "--model", help="GGUF file, safetensors dir, tiny-random or random:<preset> (default: SmolLM2)."
+)
 @click.option("--host", help="Bind address (default: KVGATE_BIND_HOST).")
 @click.option("--port", type=int, help="Port; 0 picks a free one (default: KVGATE_WORKER_PORT).")
 @click.option("--kv-pool-bytes", type=int, help="Bytes of the device KV pool.")

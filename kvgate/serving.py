@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvgate.models import DEFAULT_MODEL, ensure_model
+from kvgate.models import DEFAULT_MODEL, ensure_model, served_model_id
 from kvgate.settings import Settings, load_settings
 from kvgate.tiering_setup import tiered_offload
 from workers.context import ChatTemplate, TextTokenizer
@@ -20,17 +20,20 @@ from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
 from workers.engine.kv_pool import KVLayout
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
-from workers.engine.weights import TINY_RANDOM, load_model_weights
+from workers.engine.weights import is_random_spec, load_model_weights
 
 
 @dataclass(frozen=True)
 class WorkerOptions:
     """Which model to serve and how to size the engine."""
 
-    #: GGUF file, safetensors directory, ``tiny-random``, or None for the default model
+    #: GGUF file, safetensors directory, ``tiny-random``, ``random:<preset>``, or None for
+    #: the default model
     model: str | None
     models_dir: Path
     engine: EngineOptions
+    #: tokenizer of a random model (GGUF file or tokenizer directory); None: SmolLM2's
+    tokenizer: Path | None = None
 
 
 def worker_options(settings: Settings | None = None, **overrides: Any) -> WorkerOptions:
@@ -47,9 +50,10 @@ def worker_options(settings: Settings | None = None, **overrides: Any) -> Worker
         token_budget=given.pop("token_budget", s.worker_token_budget),
     )
     model = given.pop("model", s.worker_model)
+    tokenizer = given.pop("tokenizer", s.worker_tokenizer)
     if given:
         raise TypeError(f"unknown worker options: {', '.join(sorted(given))}")
-    return WorkerOptions(model=model, models_dir=s.models_dir, engine=engine)
+    return WorkerOptions(model=model, models_dir=s.models_dir, engine=engine, tokenizer=tokenizer)
 
 
 @dataclass
@@ -66,18 +70,21 @@ class LoadedModel:
 def load_model(options: WorkerOptions) -> LoadedModel:
     """Load the weights, tokenizer and chat template ``options.model`` names.
 
-    ``tiny-random`` has SmolLM2's vocabulary, so it borrows SmolLM2's tokenizer and template.
+    Random models have SmolLM2's vocabulary, so they borrow SmolLM2's tokenizer and template
+    (or ``options.tokenizer``'s); they are made on the engine's device in its dtype.
     """
     spec = options.model
-    if spec is None or spec == TINY_RANDOM:
-        text_source = ensure_model(options.models_dir, DEFAULT_MODEL)
-        model_id = DEFAULT_MODEL if spec is None else TINY_RANDOM
-        weights: str | Path = text_source if spec is None else TINY_RANDOM
+    device, dtype = options.engine.resolved()
+    weights: str | Path
+    if spec is None:
+        text_source = weights = ensure_model(options.models_dir, DEFAULT_MODEL)
+    elif is_random_spec(spec):
+        text_source = options.tokenizer or ensure_model(options.models_dir, DEFAULT_MODEL)
+        weights = spec
     else:
-        text_source = Path(spec)
-        model_id = text_source.stem.lower() if text_source.is_file() else text_source.name.lower()
-        weights = text_source
-    config, state = load_model_weights(weights)
+        text_source = weights = Path(spec)
+    model_id = served_model_id(spec)
+    config, state = load_model_weights(weights, device=device, dtype=dtype)
     tokenizer = load_tokenizer(text_source)
     return LoadedModel(model_id, config, state, tokenizer, chat_template_of(tokenizer))
 

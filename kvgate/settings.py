@@ -140,8 +140,14 @@ class Settings(BaseSettings):
     # --- the built-in worker, `kvgate worker` (WORKER SERVER) ----------------------------------
     worker_model: str | None = Field(
         None,
-        description="GGUF file, safetensors directory or `tiny-random`; unset means "
-        "SmolLM2-135M-Instruct (fetched once), served as `smollm2-135m-instruct`.",
+        description="GGUF file, safetensors directory, `tiny-random` or `random:<preset>` "
+        "(`random:llama-3.1-8b`: seeded random weights at a real size, for benchmarks); unset "
+        "means SmolLM2-135M-Instruct (fetched once), served as `smollm2-135m-instruct`.",
+    )
+    worker_tokenizer: Path | None = Field(
+        None,
+        description="Tokenizer of a random model: a GGUF file or a directory written by "
+        "`kvgate models export-tokenizer`; unset means SmolLM2's (fetched once).",
     )
     worker_kv_pool_bytes: int = Field(
         256 * 2**20, gt=0, description="Bytes of the device KV pool (the 'VRAM' tier)."

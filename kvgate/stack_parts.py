@@ -17,7 +17,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 
-from kvgate.models import DEFAULT_MODEL
+from kvgate.models import served_model_id
 from kvgate.services.postgres import embedded_postgres
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
 from kvgate.settings import Settings, mask_url_password
@@ -59,21 +59,6 @@ def registered_worker_argv(settings: Settings) -> list[str]:
         "--",
         *kvgate_argv("worker"),
     )
-
-
-def served_model_id(worker_model: str | None) -> str:
-    """The model id ``kvgate worker`` serves for ``KVGATE_WORKER_MODEL``.
-
-    Mirrors ``kvgate.serving.load_model``, which cannot be imported here without torch
-    (seconds of start-up for the supervisor): the default model's id, ``tiny-random``
-    as is, or a weights file's stem / directory's name in lower case.
-    """
-    if worker_model is None:
-        return DEFAULT_MODEL
-    if worker_model == "tiny-random":
-        return worker_model
-    path = Path(worker_model)
-    return (path.stem if path.is_file() else path.name).lower()
 
 
 def http_service(

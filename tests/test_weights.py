@@ -20,6 +20,7 @@ from workers.engine.weights import (
     TINY_CONFIG,
     StateDict,
     load_model_weights,
+    model_config,
     param_shapes,
     tiny_random,
 )
@@ -212,3 +213,20 @@ def test_unknown_gguf_tensor_is_refused(tmp_path: Path) -> None:
     close_writer(writer)
     with pytest.raises(ValueError, match="rope_freqs"):
         load_gguf(path)
+
+
+def test_random_presets_are_made_in_the_asked_dtype_and_named_clearly() -> None:
+    """A real-size preset's shape comes without weights; weights come in the asked dtype, the
+    same for the same seed; an unknown preset's error lists the known ones."""
+    eight_b = model_config("random:llama-3.1-8b")
+    assert eight_b.kv_bytes_per_token(2) == 128 * 1024  # Llama-3.1-8B: 128 KiB in bf16
+    config, state = load_model_weights("tiny-random", dtype=torch.bfloat16)
+    assert config == TINY_CONFIG
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    _, again = load_model_weights("tiny-random", dtype=torch.bfloat16)
+    assert all(torch.equal(state[n], again[n]) for n in state)
+    assert 0.5 < state["model.norm.weight"].float().mean().item() < 1.5  # norms stay near 1
+    with pytest.raises(ValueError, match=r"random:llama-3\.1-8b"):
+        load_model_weights("random:llama-9000")
+    with pytest.raises(FileNotFoundError, match="random:<preset>"):
+        load_model_weights("no-such-model")

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from workers.engine.config import ModelConfig
 from workers.engine.tokenizer import load_tokenizer
-from workers.engine.weights import StateDict, load_model_weights
+from workers.engine.weights import StateDict, check_state_dict, load_model_weights, model_config
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +66,14 @@ def test_smollm2_in_transformers_answers_a_question(
     assert torch.isfinite(logits).all()
     # A model with scrambled Q/K rows or mis-wired norms answers gibberish; this one knows.
     assert "Paris" in tok.decode(out[0, ids.shape[1] :].tolist())
+
+
+def test_random_smollm2_preset_has_the_real_shape(smollm2_gguf: Path) -> None:
+    """``random:smollm2-135m`` must be SmolLM2 in every hyper-parameter, read without weights
+    from the real GGUF, and its made-up weights must fit that shape."""
+    real = model_config(smollm2_gguf)
+    assert model_config("random:smollm2-135m") == real
+    config, state = load_model_weights("random:smollm2-135m")
+    assert config == real
+    check_state_dict(config, state, "random:smollm2-135m")
+    assert {t.dtype for t in state.values()} == {torch.float32}

@@ -6,6 +6,9 @@ Every loader returns fp32 tensors named like ``transformers.LlamaForCausalLM`` p
 engine and the Hugging Face reference model read the same dict. Sources:
 
 - ``"tiny-random"``: a seeded small Llama for fast tests (vocabulary of SmolLM2's tokenizer);
+- ``"random:<preset>"``: a seeded Llama of a real model's size (see :data:`RANDOM_PRESETS`),
+  made directly on the serving device in its dtype, for speed measurements where only the
+  shape matters (a GPU benchmark of an 8B-sized model needs no 16 GB download);
 - a ``.gguf`` file (see ``weights_gguf``);
 - a directory with ``config.json`` and ``*.safetensors`` (Hugging Face layout).
 """
@@ -43,6 +46,59 @@ TINY_CONFIG = ModelConfig(
     bos_token_id=1,
     eos_token_ids=(2,),
 )
+
+
+#: Spec prefix of the real-size random models.
+RANDOM_PREFIX = "random:"
+
+#: Real model shapes ``random:<name>`` builds. They keep SmolLM2's vocabulary and special ids
+#: (so SmolLM2's tokenizer drives them), which makes the embedding and LM head smaller than
+#: the original's; the transformer stack, and so the KV bytes per token, are the real ones.
+RANDOM_PRESETS: dict[str, ModelConfig] = {
+    "llama-3.1-8b": ModelConfig(
+        vocab_size=49152,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+}
+
+
+def is_random_spec(spec: str | Path | None) -> bool:
+    """Whether ``spec`` names a seeded random model (``tiny-random`` or ``random:<preset>``)."""
+    return spec is not None and (str(spec) == TINY_RANDOM or str(spec).startswith(RANDOM_PREFIX))
+
+
+def random_config(spec: str) -> ModelConfig:
+    """The shape a random-model spec names; ``ValueError`` listing the presets otherwise."""
+    if spec == TINY_RANDOM:
+        return TINY_CONFIG
+    name = spec.removeprefix(RANDOM_PREFIX)
+    if not spec.startswith(RANDOM_PREFIX) or name not in RANDOM_PRESETS:
+        known = ", ".join(RANDOM_PREFIX + n for n in RANDOM_PRESETS)
+        raise ValueError(f"model {spec!r}: not {TINY_RANDOM!r} or one of {known}")
+    return RANDOM_PRESETS[name]
 
 
 def param_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -90,24 +146,30 @@ def check_state_dict(config: ModelConfig, state: StateDict, source: str) -> None
         raise ValueError(f"{source}: weights do not fit a Llama of this config: {shown}")
 
 
-def tiny_random(seed: int = 0, config: ModelConfig | None = None) -> tuple[ModelConfig, StateDict]:
-    """A seeded random Llama (``TINY_CONFIG`` unless ``config`` is given), identical on every run.
+def tiny_random(
+    seed: int = 0,
+    config: ModelConfig | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[ModelConfig, StateDict]:
+    """A seeded random Llama (``TINY_CONFIG`` unless ``config`` is given), identical on every
+    run on the same device; made on ``device`` in ``dtype`` (an 8B shape never touches the CPU).
 
     Projections are scaled by 1/sqrt(fan_in) and embeddings have unit variance so that the
     logits are well spread: greedy decoding then has clear winners and comparisons with a
     reference implementation are not decided by rounding noise.
     """
     config = config or TINY_CONFIG
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     state: StateDict = {}
     for name, shape in param_shapes(config).items():
+        tensor = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         if name.endswith("norm.weight"):
             # Not all ones, so that a norm weight wired to the wrong place shows up.
-            tensor = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif name == "model.embed_tokens.weight":
-            tensor = torch.randn(shape, generator=gen)
-        else:
-            tensor = torch.randn(shape, generator=gen) / math.sqrt(shape[1])
+            tensor.mul_(0.1).add_(1.0)
+        elif name != "model.embed_tokens.weight":
+            tensor.div_(math.sqrt(shape[1]))
         state[name] = tensor
     return config, state
 
@@ -138,10 +200,32 @@ def load_safetensors_dir(path: Path) -> tuple[ModelConfig, StateDict]:
     return config, state
 
 
-def load_model_weights(spec: str | Path) -> tuple[ModelConfig, StateDict]:
-    """Load ``"tiny-random"``, a ``.gguf`` file or a safetensors directory (fp32, HF names)."""
-    if str(spec) == TINY_RANDOM:
-        return tiny_random()
+def model_config(spec: str | Path) -> ModelConfig:
+    """The shape of the model ``spec`` names, read without loading its weights."""
+    if is_random_spec(spec):
+        return random_config(str(spec))
+    path = Path(spec)
+    if path.is_dir():
+        return ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text()))
+    from workers.engine.gguf_metadata import GGUFMetadata
+    from workers.engine.weights_gguf import gguf_config
+
+    return gguf_config(GGUFMetadata.open(path))
+
+
+def load_model_weights(
+    spec: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[ModelConfig, StateDict]:
+    """Load a random model, a ``.gguf`` file or a safetensors directory (HF names).
+
+    Files load as fp32 on the CPU (the engine casts and moves them); random models are made
+    on ``device`` in ``dtype`` directly.
+    """
+    if is_random_spec(spec):
+        return tiny_random(config=random_config(str(spec)), device=device, dtype=dtype)
     path = Path(spec)
     if path.is_dir():
         return load_safetensors_dir(path)
@@ -150,6 +234,7 @@ def load_model_weights(spec: str | Path) -> tuple[ModelConfig, StateDict]:
 
         return load_gguf(path)
     raise FileNotFoundError(
-        f"model {str(spec)!r}: not {TINY_RANDOM!r}, an existing .gguf file, "
+        f"model {str(spec)!r}: not {TINY_RANDOM!r}, random:<preset> "
+        f"({', '.join(RANDOM_PRESETS)}), an existing .gguf file, "
         "or a directory with config.json and *.safetensors"
     )
