@@ -1,8 +1,9 @@
 """``kvgate bench engine``: the built-in engine's prefill and decode speed, against yardsticks.
 
 Measured in one run on this machine: our engine's prefill tokens/s at 128/512/2048-token
-prompts and decode tokens/s at batch 1/8/32; the fp32 matmul roofline; Hugging Face
-``transformers`` on the same weights and prompts. The figures and the verdict on each
+prompts and decode tokens/s at batch 1/8/32; the matmul roofline in the engine's device and
+dtype (fp32 on a CPU, bf16 on a GPU); Hugging Face ``transformers`` on the same weights,
+prompts, device and dtype. The figures and the verdict on each
 target are printed and written to ``docs/benchmarks/engine.md`` (and ``--json``).
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import click
 import torch
 
-from kvgate.bench_hf import ROOFLINE_SHAPES, HFBaseline, matmul_gflops, prefill_flops
+from kvgate.bench_hf import HFBaseline, matmul_gflops, prefill_flops, roofline_shapes
 from kvgate.serving import WorkerOptions, load_model, running_engine, worker_options
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
 
@@ -43,6 +44,8 @@ class Figures:
     machine: str
     threads: int
     matmul_gflops: float
+    #: dtype and device the engine ran in, e.g. ``float32 on cpu``
+    engine: str = "float32 on cpu"
     prefill_tps: dict[int, float] = field(default_factory=dict)
     prefill_gflops: dict[int, float] = field(default_factory=dict)
     decode_tps: dict[int, float] = field(default_factory=dict)
@@ -89,14 +92,16 @@ class Figures:
 
 
 def machine() -> str:
-    """CPU model and core count (the figures mean little without them)."""
+    """CPU model and core count, and the GPU if torch sees one (the figures mean little
+    without them)."""
     cpuinfo = Path("/proc/cpuinfo")
     names = [
         line.split(":", 1)[1].strip()
         for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
         if line.startswith("model name")
     ]
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} logical CPUs"
+    cpu = f"{names[0] if names else platform.machine()}, {os.cpu_count()} logical CPUs"
+    return cpu + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -157,18 +162,21 @@ async def measure(
     reason the roofline is sampled next to every measurement and its best sample kept.
     """
     loaded = load_model(options)
+    device, dtype = options.engine.resolved()
+    shapes = roofline_shapes(loaded.config)
     steps, reps = (16, 1) if quick else (64, 3)
     figures = Figures(
         model=loaded.model_id,
         machine=machine(),
         threads=torch.get_num_threads(),
         matmul_gflops=0.0,
+        engine=f"{str(dtype).removeprefix('torch.')} on {device.type}",
         decode_steps=steps,
         load_average=(os.getloadavg()[0], 0.0),
     )
 
     def roofline() -> None:
-        figures.matmul_samples.append(matmul_gflops())
+        figures.matmul_samples.append(matmul_gflops(shapes, device=device, dtype=dtype))
         figures.matmul_gflops = max(figures.matmul_samples)
 
     roofline()
@@ -191,7 +199,7 @@ async def measure(
             say(f"kvgate decode batch {b}: {best:.1f} tok/s")
     roofline()
     if with_hf:
-        hf = HFBaseline(loaded.config, loaded.state)
+        hf = HFBaseline(loaded.config, loaded.state, device=device, dtype=dtype)
         hf.prefill_tokens_per_s(random_prompts(1, 32, vocab, seed=99)[0])  # warm-up, as ours
         for n, prompt in prompts.items():
             figures.hf_prefill_tps[n] = max(hf.prefill_tokens_per_s(prompt) for _ in range(reps))
@@ -220,10 +228,10 @@ def render(figures: Figures) -> str:
         "",
         "Written by `kvgate bench engine`; every figure comes from the same run on the same machine.",
         "",
-        f"- model: `{figures.model}`, fp32 on CPU, {figures.threads} torch threads",
+        f"- model: `{figures.model}`, {figures.engine}, {figures.threads} torch threads",
         f"- machine: {figures.machine}; 1-minute load average {figures.load_average[0]:.1f} "
         f"at the start, {figures.load_average[1]:.1f} at the end",
-        f"- fp32 matmul roofline (best rate over {len(ROOFLINE_SHAPES)} shapes, sampled "
+        f"- {figures.engine.split()[0]} matmul roofline (best rate over 4 shapes, sampled "
         f"{len(figures.matmul_samples)} times next to the measurements): "
         f"**{figures.matmul_gflops:,.1f} GFLOP/s**",
         f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request",
@@ -256,7 +264,9 @@ def render(figures: Figures) -> str:
 
 @click.command()
 @click.option(
-    "--model", default=None, help="GGUF file, safetensors dir or tiny-random; default SmolLM2."
+    "--model",
+    default=None,
+    help="GGUF file, safetensors dir, tiny-random or random:<preset>; default SmolLM2.",
 )
 @click.option("--quick", is_flag=True, help="Fewer decode steps and repetitions (about a minute).")
 @click.option("--no-hf", is_flag=True, help="Skip the transformers comparison.")

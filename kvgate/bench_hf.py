@@ -1,8 +1,9 @@
 """The yardsticks `kvgate bench engine` compares the built-in engine against.
 
-Two of them: this machine's fp32 matmul throughput (the roofline a prefill can approach)
-and Hugging Face ``transformers`` running the very same weights and prompts, prefill and
-decode through its own KV cache. ``transformers`` is a dev dependency, imported here only.
+Two of them: this machine's matmul throughput in the engine's device and dtype (the roofline
+a prefill can approach) and Hugging Face ``transformers`` running the very same weights and
+prompts on the same device, prefill and decode through its own KV cache. ``transformers``
+is a dev dependency, imported here only.
 """
 
 from __future__ import annotations
@@ -14,31 +15,45 @@ import torch
 
 from workers.engine.config import ModelConfig
 
-#: (m, k, n) matmul shapes whose best fp32 rate is taken as the roofline: a square one and
-#: the MLP projection of a small model (hidden 576, intermediate 1536) at 128 to 2048 rows.
-#: Short products matter on a shared machine: they can run to the end on all cores between
-#: two interruptions by other processes, long ones rarely do, and underestimate the peak.
-ROOFLINE_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (1024, 1024, 1024),
-    (2048, 576, 1536),
-    (512, 576, 1536),
-    (128, 576, 1536),
-)
+CPU = torch.device("cpu")
+
+
+def roofline_shapes(config: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    """(m, k, n) matmul shapes whose best rate is taken as the roofline: a square one and the
+    model's own MLP projection (hidden x intermediate) at 128 to 2048 rows.
+
+    Short products matter on a shared machine: they can run to the end on all cores between
+    two interruptions by other processes, long ones rarely do, and underestimate the peak.
+    """
+    h, ff = config.hidden_size, config.intermediate_size
+    return ((1024, 1024, 1024), (2048, h, ff), (512, h, ff), (128, h, ff))
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued kernels, so that a timer read after it covers their work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def matmul_gflops(
-    shapes: tuple[tuple[int, int, int], ...] = ROOFLINE_SHAPES, reps: int = 20
+    shapes: tuple[tuple[int, int, int], ...],
+    *,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
+    reps: int = 20,
 ) -> float:
-    """This machine's fp32 matmul GFLOP/s now: the best rate over ``shapes`` and ``reps`` runs."""
-    gen = torch.Generator().manual_seed(0)
+    """Matmul GFLOP/s on ``device`` in ``dtype`` now: the best rate over ``shapes`` and ``reps``."""
+    gen = torch.Generator(device=device).manual_seed(0)
     best = 0.0
     for m, k, n in shapes:
-        a = torch.randn(m, k, generator=gen)
-        b = torch.randn(k, n, generator=gen)
-        torch.mm(a, b)  # warm-up: thread pool start, allocator
+        a = torch.randn(m, k, generator=gen, device=device, dtype=dtype)
+        b = torch.randn(k, n, generator=gen, device=device, dtype=dtype)
+        torch.mm(a, b)  # warm-up: thread pool start, allocator, kernel choice
+        _sync(device)
         for _ in range(reps):
             start = time.perf_counter()
             torch.mm(a, b)
+            _sync(device)
             best = max(best, 2 * m * k * n / (time.perf_counter() - start) / 1e9)
     return best
 
@@ -61,7 +76,14 @@ def prefill_flops(config: ModelConfig, tokens: int) -> float:
 class HFBaseline:
     """``transformers.LlamaForCausalLM`` with our weights, timed the way we time our engine."""
 
-    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        state: dict[str, torch.Tensor],
+        *,
+        device: torch.device = CPU,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         try:
             from transformers import LlamaConfig, LlamaForCausalLM
         except ImportError as exc:
@@ -69,7 +91,15 @@ class HFBaseline:
                 "the comparison needs transformers (pip install 'kvgate[dev]'), or pass --no-hf"
             ) from exc
 
-        self.model = LlamaForCausalLM(LlamaConfig(**config.to_hf_dict())).eval()
+        self.device = device
+        # Built on the device in its dtype: an 8B-sized model in fp32 on the CPU would not fit.
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                self.model = LlamaForCausalLM(LlamaConfig(**config.to_hf_dict())).eval()
+        finally:
+            torch.set_default_dtype(previous)
         self.model.load_state_dict(state, strict=not config.tie_word_embeddings)
         if config.tie_word_embeddings:
             self.model.tie_weights()
@@ -77,19 +107,23 @@ class HFBaseline:
     @torch.inference_mode()
     def prefill_tokens_per_s(self, prompt: Sequence[int]) -> float:
         """Tokens/s of one forward pass over ``prompt`` (filling a fresh KV cache)."""
-        ids = torch.tensor([list(prompt)])
+        ids = torch.tensor([list(prompt)], device=self.device)
+        _sync(self.device)
         start = time.perf_counter()
         self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        _sync(self.device)
         return len(prompt) / (time.perf_counter() - start)
 
     @torch.inference_mode()
     def decode_tokens_per_s(self, prompts: Sequence[Sequence[int]], steps: int) -> float:
         """Generated tokens/s of greedy decoding ``steps`` tokens for a batch of equal-length prompts."""
-        ids = torch.tensor([list(p) for p in prompts])
+        ids = torch.tensor([list(p) for p in prompts], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         past, next_ids = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        _sync(self.device)
         start = time.perf_counter()
         for _ in range(steps):
             out = self.model(input_ids=next_ids, cache=past, use_cache=True)
             past, next_ids = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        _sync(self.device)
         return len(prompts) * steps / (time.perf_counter() - start)

@@ -14,14 +14,35 @@ from kvgate.bench_mt_report import (
 )
 
 
-def write_docs(data: dict[str, Any], path: Path) -> None:
-    """Write the benchmark write-up for ``data`` (the figures of one comparison run)."""
-    path.write_text(render(data))
+def write_docs(data: dict[str, Any], path: Path, gpu: dict[str, Any] | None = None) -> None:
+    """Write the benchmark write-up for ``data`` (the figures of one comparison run), with
+    ``gpu``, a comparison run on a GPU, as a section of its own."""
+    path.write_text(render(data, gpu))
 
 
-def render(data: dict[str, Any]) -> str:
-    """The write-up as markdown; every number in it comes from ``data``."""
-    spec, m, phys = data["spec"], data["machine"], data["physics"]
+def _served(data: dict[str, Any]) -> str:
+    """``model`` (dtype on device) of a run; runs recorded before this was kept were SmolLM2
+    in fp32 on the CPU."""
+    return (
+        f"`{data.get('model', 'smollm2-135m-instruct')}` ({data.get('engine', 'float32 on cpu')})"
+    )
+
+
+def machine_line(data: dict[str, Any]) -> str:
+    """What the run was measured on: platform, CPUs, GPU, torch, model, load."""
+    m = data["machine"]
+    gpu = f"GPU {m['gpu']}, " if m.get("gpu") else ""
+    return (
+        f"{m['platform']}, {m['processor']}, {m['cpus']} CPUs, {gpu}torch {m['torch']} with "
+        f"{m['torch_threads']} threads; model {_served(data)}. Load average "
+        f"at start {_load(m.get('load_average_at_start'))}, at end "
+        f"{_load(m.get('load_average_at_end'))} (the machine is shared; figures move with it)."
+    )
+
+
+def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
+    """The write-up as markdown; every number in it comes from ``data`` (and ``gpu``)."""
+    spec, phys = data["spec"], data["physics"]
     shape = spec["shape"]
     kv = data["kv_bytes_per_token"]
     parts = [
@@ -56,15 +77,13 @@ def render(data: dict[str, Any]) -> str:
         "(twice the L1, two engines on the same cores), so its requests/s does not compare "
         "with one worker's; its figure is the cached share of follow-up turns.",
         f"- No reuse: first turns of {spec['no_reuse_requests']} fresh conversations on two "
-        "fresh workers, tiering off vs on (host, NAS, S3, ledger; no tierd). Restore vs resident: one turn whose history is in L1, L2, L3, L4 or "
-        "nowhere (see `kvgate/bench_mt_restore.py`).",
+        "fresh workers, tiering off vs on (host, NAS, S3, ledger; no tierd). Restore vs "
+        "resident: one turn whose history is in L1, L2, L3, L4 or nowhere (see "
+        "`kvgate/bench_mt_restore.py`).",
         "",
         "## Machine",
         "",
-        f"{m['platform']}, {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} with "
-        f"{m['torch_threads']} threads; SmolLM2-135M-Instruct in fp32 on the CPU. Load average "
-        f"at start {_load(m.get('load_average_at_start'))}, at end "
-        f"{_load(m.get('load_average_at_end'))} (the machine is shared; figures move with it).",
+        machine_line(data),
         "",
         "## Reproduce",
         "",
@@ -79,15 +98,37 @@ def render(data: dict[str, Any]) -> str:
         markdown_table(data),
         *(f"![{Path(p).stem}]({p})" for p in data.get("plots", [])),
         "",
+        *(_gpu_section(gpu) if gpu else []),
         "## What limits the figures",
         "",
         *findings(data),
         "",
         "## Physics",
         "",
-        *_physics(phys, kv),
+        *_physics(phys, kv, _served(data)),
     ]
     return "\n".join(parts) + "\n"
+
+
+def _gpu_section(gpu: dict[str, Any]) -> list[str]:
+    """The same comparison run on a GPU (``kvgate bench multiturn --compare --name
+    multiturn_cuda`` with ``KVGATE_WORKER_MODEL=random:llama-3.1-8b`` there)."""
+    spec = gpu["spec"]
+    return [
+        f"## On a GPU: {gpu['machine'].get('gpu') or 'CUDA'}",
+        "",
+        f"The same benchmark, {gpu['run']} run ({gpu['seconds'] / 60:.1f} minutes), on "
+        f"{machine_line(gpu)} Random weights at the real model's size: the "
+        f"tiers move {gpu['kv_bytes_per_token'] / 1024:.0f} KiB of KV per token. L1 "
+        f"{spec['l1_tokens']} tokens; the played histories add up to "
+        f"{gpu['working_set_tokens']} tokens ({gpu['working_set_over_l1']:.1f}x L1); "
+        f"configurations run: {', '.join(gpu['configs_run'])}"
+        + ("" if gpu.get("object_store", True) else " (no object store on that machine)")
+        + ".",
+        "",
+        markdown_table(gpu),
+        "",
+    ]
 
 
 def findings(data: dict[str, Any]) -> list[str]:
@@ -144,9 +185,9 @@ def _load(value: Any) -> str:
     return "—" if not value else " / ".join(f"{x:.1f}" for x in value)
 
 
-def _physics(phys: dict[str, Any], kv: int) -> list[str]:
+def _physics(phys: dict[str, Any], kv: int, served: str) -> list[str]:
     lines = [
-        f"- KV per token of SmolLM2-135M in fp32: {kv} bytes ({kv / 1024:.1f} KiB).",
+        f"- KV per token of {served}: {kv} bytes ({kv / 1024:.1f} KiB).",
         "- Measured prefill rate (recompute TTFT of the restore turn): "
         + ", ".join(
             f"{r:.0f} tokens/s at {n} tokens" for n, r in phys["prefill_tokens_per_s"].items()

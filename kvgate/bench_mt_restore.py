@@ -10,7 +10,7 @@ workers in turn, each with a device pool that holds one such history and no more
 2. worker B, a fresh process sharing the NAS, answers it from the NAS (``nas``);
 3. one ``tierd --once`` pass with a NAS watermark of one byte demotes every page to the
    object store and deletes it from the NAS; worker C, fresh again, answers from S3
-   (``object``).
+   (``object``; left out when the run has no object store).
 
 Every answer's usage says which tier served the cached tokens; the report keeps it, so a
 figure labelled ``nas`` is known to come from the NAS.
@@ -92,7 +92,8 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
     history = _messages(length, seed)
     out: dict[str, Sample] = {}
     logs = log_dir / f"restore-{length}"
-    with stack.worker("restore-a", TIERS, site, logs) as url:
+    tiers = TIERS if svc.s3 is not None else "host,nas"
+    with stack.worker("restore-a", tiers, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
         out["recompute"] = asyncio.run(_ask(url, history))
         resident = [asyncio.run(_ask(url, history)) for _ in range(RESIDENT_REPEATS)]
@@ -107,9 +108,11 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         # fetching from host RAM only, not for first evicting a pool's worth of other KV.
         httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         out["host"] = asyncio.run(_ask(url, history))
-    with stack.worker("restore-b", TIERS, site, logs) as url:
+    with stack.worker("restore-b", tiers, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
         out["nas"] = asyncio.run(_ask(url, history))
+    if svc.s3 is None:  # a run without an object store: L4 is not measured
+        return out
     demote_everything(site, logs)
     with stack.worker("restore-c", TIERS, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))

@@ -13,11 +13,11 @@ from typing import Any
 import click
 
 from kvgate import bench_mt_restore, bench_mt_stack
-from kvgate.bench_mt_compare import CONFIGS, FULL, QUICK, Compare
+from kvgate.bench_mt_compare import CONFIGS, FULL, OBJECT_CONFIGS, QUICK, Compare
 from kvgate.bench_mt_docs import write_docs
 from kvgate.bench_mt_report import markdown_table, physics, plots, verdicts
 from kvgate.bench_mt_workload import Shape
-from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir
+from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir, served_model
 
 
 def compare_run(
@@ -39,6 +39,7 @@ def compare_run(
     if unknown := set(only) - set(CONFIGS):
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
     kv = kv_bytes_per_token()
+    with_s3 = bool(OBJECT_CONFIGS & set(only))
     root = run_dir()
     click.echo(f"services, logs and NAS under {root}", err=True)
     started = time.perf_counter()
@@ -48,8 +49,10 @@ def compare_run(
         "spec": asdict(spec),
         "configs_run": list(only),
         "kv_bytes_per_token": kv,
+        **served_model(),
+        "object_store": with_s3,
     }
-    with bench_mt_stack.services(root) as svc:
+    with bench_mt_stack.services(root, with_s3=with_s3) as svc:
         compare = Compare(svc, spec, kv, root / "logs")
         data["working_set_tokens"] = compare.working_set_tokens()
         data["working_set_over_l1"] = data["working_set_tokens"] / spec.l1_tokens
@@ -93,13 +96,21 @@ def rewrite(data: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     return data
 
 
+#: output stem of the comparison run on a GPU, which docs/benchmarks.md shows beside the CPU one
+GPU_STEM = "multiturn_cuda"
+
+
 def _write(data: dict[str, Any], stem: str) -> None:
     """JSON, table and plots under docs/benchmarks/; docs/benchmarks.md from a full run, or
-    from another one while no full run has been recorded."""
+    from another one while no full run has been recorded, with the GPU run's section when
+    one is recorded."""
     out = DOCS / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown_table(data))
-    if stem == "multiturn" or not (out / "multiturn.json").exists():
-        write_docs(data, DOCS / "benchmarks.md")
+    if stem == "multiturn" or (stem != GPU_STEM and not (out / "multiturn.json").exists()):
+        gpu = out / f"{GPU_STEM}.json"
+        write_docs(
+            data, DOCS / "benchmarks.md", json.loads(gpu.read_text()) if gpu.exists() else None
+        )

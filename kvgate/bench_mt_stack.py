@@ -40,18 +40,20 @@ class Services:
     """Where the shared services of a run live."""
 
     dsn: str
-    s3: S3Endpoint
+    #: None when the run uses no object store
+    s3: S3Endpoint | None
     root: Path
 
 
 @contextlib.contextmanager
-def services(root: Path) -> Iterator[Services]:
-    """Postgres and SeaweedFS under ``root`` for the length of the block."""
+def services(root: Path, *, with_s3: bool = True) -> Iterator[Services]:
+    """Postgres, and SeaweedFS when ``with_s3``, under ``root`` for the length of the block."""
     root.mkdir(parents=True, exist_ok=True)
-    with (
-        embedded_postgres(root / "pg") as dsn,
-        seaweed_s3(root / "s3", bucket=BUCKET) as (endpoint, _),
-    ):
+    with contextlib.ExitStack() as stack:
+        dsn = stack.enter_context(embedded_postgres(root / "pg"))
+        endpoint = None
+        if with_s3:
+            endpoint, _ = stack.enter_context(seaweed_s3(root / "s3", bucket=BUCKET))
         yield Services(dsn, endpoint, root)
 
 
@@ -72,17 +74,17 @@ def new_site(svc: Services, name: str, **settings: object) -> Site:
     dsn = asyncio.run(_fresh_database(svc.dsn, tag))
     nas = svc.root / "nas" / tag
     nas.mkdir(parents=True)
-    env = {
-        "DATABASE_URL": dsn,
-        "KVGATE_NAS_PATH": str(nas),
-        "KVGATE_S3_ENDPOINT": svc.s3.url,
-        "KVGATE_S3_ACCESS_KEY": svc.s3.access_key,
-        "KVGATE_S3_SECRET_KEY": svc.s3.secret_key,
-        "KVGATE_S3_REGION": svc.s3.region,
-        "KVGATE_S3_BUCKET": BUCKET,
-        "KVGATE_S3_PREFIX": f"{tag}/",
-        **{f"KVGATE_{k.upper()}": str(v) for k, v in settings.items()},
-    }
+    env = {"DATABASE_URL": dsn, "KVGATE_NAS_PATH": str(nas)}
+    if svc.s3 is not None:
+        env |= {
+            "KVGATE_S3_ENDPOINT": svc.s3.url,
+            "KVGATE_S3_ACCESS_KEY": svc.s3.access_key,
+            "KVGATE_S3_SECRET_KEY": svc.s3.secret_key,
+            "KVGATE_S3_REGION": svc.s3.region,
+            "KVGATE_S3_BUCKET": BUCKET,
+            "KVGATE_S3_PREFIX": f"{tag}/",
+        }
+    env |= {f"KVGATE_{k.upper()}": str(v) for k, v in settings.items()}
     return Site(dsn, nas, f"{tag}/", env)
 
 

@@ -29,27 +29,42 @@ DOCS = Path("docs")
 
 
 def kv_bytes_per_token() -> int:
-    """KV bytes per token of the default model at the dtype the CPU worker uses."""
+    """KV bytes per token of the model the benchmark workers serve, at their dtype
+    (``KVGATE_WORKER_MODEL``, ``KVGATE_WORKER_DEVICE`` and ``KVGATE_WORKER_DTYPE``)."""
     import torch
 
     from kvgate.models import DEFAULT_MODEL, ensure_model
-    from kvgate.settings import load_settings
-    from workers.engine.engine import EngineOptions
-    from workers.engine.gguf_metadata import GGUFMetadata
-    from workers.engine.weights_gguf import gguf_config
+    from kvgate.serving import worker_options
+    from workers.engine.weights import model_config
 
-    path = ensure_model(load_settings().models_dir, DEFAULT_MODEL)
-    _, dtype = EngineOptions(device="cpu").resolved()
+    options = worker_options()
+    spec = options.model or ensure_model(options.models_dir, DEFAULT_MODEL)
+    _, dtype = options.engine.resolved()
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return gguf_config(GGUFMetadata.open(path)).kv_bytes_per_token(itemsize)
+    return model_config(spec).kv_bytes_per_token(itemsize)
+
+
+def served_model() -> dict[str, str]:
+    """The model the benchmark workers serve and the device and dtype they run it in."""
+    from kvgate.models import served_model_id
+    from kvgate.serving import worker_options
+
+    options = worker_options()
+    device, dtype = options.engine.resolved()
+    return {
+        "model": served_model_id(options.model),
+        "engine": f"{str(dtype).removeprefix('torch.')} on {device.type}",
+    }
 
 
 def machine() -> dict[str, object]:
     """What the figures were measured on, including how busy the machine was."""
     import torch
 
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {
         "platform": platform.platform(),
+        "gpu": gpu,
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
