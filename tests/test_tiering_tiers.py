@@ -10,6 +10,7 @@ from tiering_support import chain, namespace, object_config
 
 from kvgate.services.seaweed import S3Endpoint
 from tiering.codec import encode
+from tiering.tiers import nas as nas_module
 from tiering.tiers.base import Tier
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
@@ -82,6 +83,31 @@ async def test_corrupt_nas_file_is_a_miss_deleted_and_counted(nas_dir: Path) -> 
     assert got[0] is not None and got[1] is None
     assert not path.exists()
     assert nas.stats().corruptions == 1
+    nas.close()
+
+
+async def test_nas_batch_read_keeps_order_across_threads_slabs_misses_and_damage(
+    nas_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nas_module, "GROUP_FILES", 2)  # several slabs per thread's run
+    nas = NasTier(NasConfig(nas_dir, fsync=False, threads=2))
+    blocks = chain(namespace(), 9)
+    await nas.put_many(blocks[:3] + blocks[4:])  # page 3 is missing
+    damaged = nas.path(blocks[5].key)
+    raw = bytearray(damaged.read_bytes())
+    raw[-1] ^= 0x01
+    damaged.write_bytes(raw)
+    truncated = nas.path(blocks[7].key)
+    truncated.write_bytes(b"")
+    got = await nas.get_many([b.key for b in blocks])
+    present = [0, 1, 2, 4, 6, 8]
+    assert [i for i, g in enumerate(got) if g is not None] == present
+    assert [bytes(got[i].payload) for i in present] == [bytes(blocks[i].payload) for i in present]
+    assert all(got[i].payload.readonly for i in present)  # the host tier keeps these buffers
+    assert not damaged.exists() and not truncated.exists()
+    stats = nas.stats()
+    assert (stats.hits, stats.misses, stats.corruptions) == (6, 3, 2)
+    assert await nas.get_many([]) == []
     nas.close()
 
 

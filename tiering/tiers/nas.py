@@ -5,12 +5,16 @@ millions of entries. A block is written to a hidden temporary name in its final 
 and renamed into place with ``os.replace``, which is atomic: a reader sees the whole old
 block, the whole new one, or nothing — never a partial block, even if the writer dies.
 Temporary files left by dead writers are collected by tierd. Blocking I/O runs in a
-thread pool so that the event loop keeps serving.
+thread pool so that the event loop keeps serving; a batch read is split into one run of
+pages per thread, each page checksummed in its thread right after its read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import mmap
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -23,6 +27,41 @@ from tiering.tiers.base import TierError, TierStats
 
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
+
+#: A worker thread reads this many bytes (or :data:`GROUP_FILES` files) into one slab.
+GROUP_BYTES = 16 << 20
+#: and holds at most this many files open at once
+GROUP_FILES = 64
+_HUGE_PAGE = 2 << 20
+
+
+def _slab(nbytes: int) -> memoryview:
+    """``nbytes`` of fresh memory for reads, in 2 MiB pages where the kernel allows.
+
+    Restores are bound by fresh memory, not by the page cache: every 4 KiB page a read
+    lands in costs a page fault and a zero-fill, and a freshly read page is kept (promoted
+    into host RAM), so its memory cannot be reused. One transparent huge page takes 512
+    times fewer faults. The slab is freed when the last block viewing it is dropped, so
+    a block that outlives its neighbours keeps the whole slab (about ``GROUP_BYTES``).
+    """
+    # whole huge pages (the kernel aligns only those), and never an empty mapping
+    size = max(1, -(-nbytes // _HUGE_PAGE)) * _HUGE_PAGE
+    slab = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+            slab.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(slab)[:nbytes]
+
+
+def _read_into(fd: int, view: memoryview) -> int:
+    """Fill ``view`` from ``fd``; the bytes read (fewer only when the file ends early)."""
+    got = 0
+    while got < view.nbytes:  # short reads (NFS, signals): continue where it stopped
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 @dataclass(frozen=True)
@@ -60,15 +99,19 @@ class NasTier:
 
     def path(self, key: bytes) -> Path:
         """The file that holds ``key``."""
+        return Path(self._file(key))
+
+    def _file(self, key: bytes) -> str:
+        """:meth:`path` as a string, built without pathlib's parsing (reads do it per page)."""
         h = key.hex()
-        return self.root / h[:2] / h[2:4] / (h + SUFFIX)
+        return os.path.join(self.root, h[:2], h[2:4], h + SUFFIX)
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- reads --------------------------------------------------------------------------
-    def _read_one(self, key: bytes) -> Block | None:
-        path = self.path(key)
+    def _open(self, path: str) -> tuple[int, int] | None:
+        """``(fd, size)`` of the block file at ``path``, or None when there is none."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -76,34 +119,93 @@ class NasTier:
         except OSError as exc:
             raise TierError(f"nas: cannot open {path}: {exc}") from exc
         try:
-            # sized read: one allocation, no zero-fill, no extra read to find the end
-            size = os.fstat(fd).st_size
-            data = os.read(fd, size)
-            while len(data) < size:  # short reads (NFS, signals): continue where it stopped
-                more = os.read(fd, size - len(data))
-                if not more:
-                    break
-                data += more
+            return fd, os.fstat(fd).st_size
         except OSError as exc:
-            raise TierError(f"nas: cannot read {path}: {exc}") from exc
-        finally:
             os.close(fd)
+            raise TierError(f"nas: cannot stat {path}: {exc}") from exc
+
+    def _read_run(self, keys: Sequence[bytes]) -> list[Block | None]:
+        """Read and verify ``keys`` one after another: one worker thread's share of a batch.
+
+        Files are opened in groups of about :data:`GROUP_BYTES` (at most
+        :data:`GROUP_FILES` descriptors), each group read into one fresh slab (see
+        :func:`_slab`).
+        """
+        out: list[Block | None] = [None] * len(keys)
+        group: list[tuple[int, int, int]] = []  # (position in keys, fd, size), still open
+        group_bytes = 0
         try:
-            return decode(data, expect_key=key)
+            for i, key in enumerate(keys):
+                opened = self._open(self._file(key))
+                if opened is None:
+                    continue
+                group.append((i, *opened))
+                group_bytes += opened[1]
+                if group_bytes >= GROUP_BYTES or len(group) >= GROUP_FILES:
+                    todo, group = group, []  # _read_group closes them, even when it fails
+                    self._read_group(keys, todo, group_bytes, out)
+                    group_bytes = 0
+            todo, group = group, []
+            if todo:
+                self._read_group(keys, todo, group_bytes, out)
+        finally:
+            for _, fd, _ in group:
+                os.close(fd)
+        return out
+
+    def _read_group(
+        self,
+        keys: Sequence[bytes],
+        group: list[tuple[int, int, int]],
+        nbytes: int,
+        out: list[Block | None],
+    ) -> None:
+        """Read the open files of ``group`` into one slab, verifying each right after its
+        read (while it is still in the CPU cache); close every descriptor."""
+        slab = _slab(nbytes)
+        pos = closed = 0
+        try:
+            for i, fd, size in group:
+                view = slab[pos : pos + size]
+                pos += size
+                try:
+                    got = _read_into(fd, view)
+                except OSError as exc:
+                    raise TierError(f"nas: cannot read {self._file(keys[i])}: {exc}") from exc
+                finally:
+                    os.close(fd)
+                    closed += 1
+                out[i] = self._verify(keys[i], view[:got])
+        finally:
+            for _, fd, _ in group[closed:]:
+                os.close(fd)
+
+    def _verify(self, key: bytes, data: memoryview) -> Block | None:
+        """The block in ``data``, or None (deleted and counted) when it fails verification."""
+        try:
+            # read-only, like the bytes a plain read returns: the host tier keeps this buffer
+            return decode(data.toreadonly(), expect_key=key)
         except CorruptBlock:
             self._stats.corruptions += 1
-            self._unlink(path)
+            self._unlink(self._file(key))
             return None
 
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
-        out = await asyncio.gather(*(self._run(self._read_one, k) for k in keys))
+        # one executor call per thread, each reading a contiguous run of keys: as many
+        # reads in flight as threads, without a future and a loop wake-up per page
+        runs = max(1, min(self.config.threads, len(keys)))
+        bounds = [len(keys) * r // runs for r in range(runs + 1)]
+        parts = await asyncio.gather(
+            *(self._run(self._read_run, keys[a:b]) for a, b in itertools.pairwise(bounds))
+        )
+        out = [block for part in parts for block in part]
         for block in out:
             if block is None:
                 self._stats.misses += 1
             else:
                 self._stats.hits += 1
                 self._stats.bytes_read += block.nbytes
-        return list(out)
+        return out
 
     async def longest_prefix(self, keys: Sequence[bytes]) -> int:
         def count() -> int:
@@ -159,9 +261,9 @@ class NasTier:
                 raise result
 
     # --- deletes and scans ----------------------------------------------------------------
-    def _unlink(self, path: Path) -> bool:
+    def _unlink(self, path: str | Path) -> bool:
         try:
-            path.unlink()
+            os.unlink(path)
             return True
         except FileNotFoundError:
             return False
