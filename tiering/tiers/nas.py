@@ -35,7 +35,7 @@ GROUP_FILES = 64
 _HUGE_PAGE = 2 << 20
 
 
-def _slab(nbytes: int) -> memoryview:
+def slab(nbytes: int) -> memoryview:
     """``nbytes`` of fresh memory for reads, in 2 MiB pages where the kernel allows.
 
     Restores are bound by fresh memory, not by the page cache: every 4 KiB page a read
@@ -46,14 +46,14 @@ def _slab(nbytes: int) -> memoryview:
     """
     # whole huge pages (the kernel aligns only those), and never an empty mapping
     size = max(1, -(-nbytes // _HUGE_PAGE)) * _HUGE_PAGE
-    slab = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
-            slab.madvise(mmap.MADV_HUGEPAGE)
-    return memoryview(slab)[:nbytes]
+            mem.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(mem)[:nbytes]
 
 
-def _read_into(fd: int, view: memoryview) -> int:
+def read_into(fd: int, view: memoryview) -> int:
     """Fill ``view`` from ``fd``; the bytes read (fewer only when the file ends early)."""
     got = 0
     while got < view.nbytes:  # short reads (NFS, signals): continue where it stopped
@@ -129,7 +129,7 @@ class NasTier:
 
         Files are opened in groups of about :data:`GROUP_BYTES` (at most
         :data:`GROUP_FILES` descriptors), each group read into one fresh slab (see
-        :func:`_slab`).
+        :func:`slab`).
         """
         out: list[Block | None] = [None] * len(keys)
         group: list[tuple[int, int, int]] = []  # (position in keys, fd, size), still open
@@ -162,14 +162,14 @@ class NasTier:
     ) -> None:
         """Read the open files of ``group`` into one slab, verifying each right after its
         read (while it is still in the CPU cache); close every descriptor."""
-        slab = _slab(nbytes)
+        buf = slab(nbytes)
         pos = closed = 0
         try:
             for i, fd, size in group:
-                view = slab[pos : pos + size]
+                view = buf[pos : pos + size]
                 pos += size
                 try:
-                    got = _read_into(fd, view)
+                    got = read_into(fd, view)
                 except OSError as exc:
                     raise TierError(f"nas: cannot read {self._file(keys[i])}: {exc}") from exc
                 finally:
