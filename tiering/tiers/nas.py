@@ -28,8 +28,10 @@ from tiering.tiers.base import TierError, TierStats
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
 
-#: A worker thread reads this many bytes (or :data:`GROUP_FILES` files) into one slab.
-GROUP_BYTES = 16 << 20
+#: A worker thread reads files into one slab until it holds this many bytes (or
+#: :data:`GROUP_FILES` files): big enough to be nearly all huge pages, small enough that
+#: one long-lived block does not keep much else alive.
+GROUP_BYTES = 8 << 20
 #: and holds at most this many files open at once
 GROUP_FILES = 64
 _HUGE_PAGE = 2 << 20
@@ -41,15 +43,21 @@ def slab(nbytes: int) -> memoryview:
     Restores are bound by fresh memory, not by the page cache: every 4 KiB page a read
     lands in costs a page fault and a zero-fill, and a freshly read page is kept (promoted
     into host RAM), so its memory cannot be reused. One transparent huge page takes 512
-    times fewer faults. The slab is freed when the last block viewing it is dropped, so
-    a block that outlives its neighbours keeps the whole slab (about ``GROUP_BYTES``).
+    times fewer faults. Only whole 2 MiB pages of ``nbytes`` are huge; the tail stays in
+    4 KiB pages, so the memory used is ``nbytes``, not ``nbytes`` rounded up to 2 MiB. The
+    slab is freed when the last block viewing it is dropped: a block that outlives its
+    neighbours keeps the whole slab (about ``GROUP_BYTES``).
     """
-    # whole huge pages (the kernel aligns only those), and never an empty mapping
+    # mapped in whole huge pages, the size the kernel aligns to them; never empty
     size = max(1, -(-nbytes // _HUGE_PAGE)) * _HUGE_PAGE
     mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = nbytes // _HUGE_PAGE * _HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
-            mem.madvise(mmap.MADV_HUGEPAGE)
+            if whole:
+                mem.madvise(mmap.MADV_HUGEPAGE, 0, whole)
+            if whole < size:  # with THP "always", the tail would be a whole huge page
+                mem.madvise(mmap.MADV_NOHUGEPAGE, whole, size - whole)
     return memoryview(mem)[:nbytes]
 
 
