@@ -223,8 +223,9 @@ def render(figures: Figures) -> str:
     def vs(ours: float, theirs: float | None) -> str:
         return f"{theirs:,.1f} | {ours / theirs:.1f}x" if theirs else "- | -"
 
+    on_gpu = not figures.engine.endswith(" cpu")
     lines = [
-        "# Built-in engine benchmark",
+        "# Built-in engine benchmark" + (f" on a GPU ({figures.engine})" if on_gpu else ""),
         "",
         "Written by `kvgate bench engine`; every figure comes from the same run on the same machine.",
         "",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -103,6 +104,7 @@ class Compare:
         self.workload = conversations(spec.conversations, spec.shape, spec.seed)
         fresh = conversations(spec.no_reuse_requests, spec.shape, spec.seed + 1)
         self.no_reuse = [replace(c, turns=c.turns[:1]) for c in fresh]
+        self._sites: list[stack.Site] = []
 
     def working_set_tokens(self) -> int:
         """Tokens of KV the played histories add up to (answers at their asked length).
@@ -133,9 +135,18 @@ class Compare:
 
     def site(self, name: str, **settings: object) -> stack.Site:
         """A fresh site whose workers have the run's L1 pool."""
-        return stack.new_site(
+        site = stack.new_site(
             self.svc, name, worker_kv_pool_bytes=self.spec.l1_tokens * self.kv_bytes, **settings
         )
+        self._sites.append(site)
+        return site
+
+    def _drop_nas(self) -> None:
+        """Delete the NAS directories of the sites used so far: a full run's working set is
+        gigabytes per configuration, and no later configuration reads another's pages."""
+        for site in self._sites:
+            shutil.rmtree(site.nas, ignore_errors=True)
+        self._sites.clear()
 
     def plan(self, *, no_reuse: bool = False) -> Plan:
         s = self.spec
@@ -164,6 +175,8 @@ class Compare:
                 failures[name] = str(exc)
                 click.echo(f"{name} failed: {exc}", err=True)
                 continue
+            finally:
+                self._drop_nas()
             s = runs[name].summary
             click.echo(
                 f"{name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "

@@ -91,6 +91,7 @@ def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         "kvgate bench multiturn --compare --json docs/benchmarks/multiturn.json",
         "kvgate bench multiturn --compare --quick --json /tmp/quick.json   # the small run",
         "kvgate bench multiturn --url http://127.0.0.1:8000 --api-key $KEY  # any server",
+        "scripts/gpu-check.sh   # on a CUDA machine: the GPU section, 8B-sized random Llama",
         "```",
         "",
         "## Results",

@@ -89,7 +89,9 @@ def physics(data: dict) -> dict[str, Any]:
         if rec["ttft"] > 0:
             prefill[length] = rec["prompt_tokens"] / rec["ttft"]
         for tier in ("host", "nas", "object"):
-            s = samples[tier]
+            s = samples.get(tier)
+            if s is None:  # a run without that tier
+                continue
             extra = s["ttft"] - samples["resident"]["ttft"]
             moved = s["cached_by_tier"].get(tier, 0) * kv
             if moved and extra > 0:
@@ -143,16 +145,22 @@ def markdown_table(data: dict) -> str:
         value = "—" if v["value"] is None else f"{v['value']:.3f}"
         lines.append(f"| `{key}` | {value} | {v['target']} | {'met' if v['met'] else 'MISSED'} |")
     if data.get("restore"):
-        lines += ["", "| history tokens | " + " | ".join(_SOURCES) + " |",
-                  "|---|" + "---|" * len(_SOURCES)]  # fmt: skip
+        sources = _sources(data)
+        lines += ["", "| history tokens | " + " | ".join(sources) + " |",
+                  "|---|" + "---|" * len(sources)]  # fmt: skip
         for length, samples in data["restore"].items():
-            cells = [_restore_cell(samples[s]) for s in _SOURCES]
+            cells = [_restore_cell(samples[s]) for s in sources]
             lines.append(f"| {length} | " + " | ".join(cells) + " |")
         lines.append("\nEach cell: TTFT, then where the cached prompt tokens came from.")
     return "\n".join(lines) + "\n"
 
 
 _SOURCES = ("resident", "host", "nas", "object", "recompute")
+
+
+def _sources(data: dict) -> list[str]:
+    """The restore sources this run measured (no ``object`` without an object store)."""
+    return [s for s in _SOURCES if all(s in v for v in data["restore"].values())]
 
 
 def _restore_cell(sample: dict[str, Any]) -> str:
@@ -191,8 +199,9 @@ def plots(data: dict, out_dir: Path, stem: str) -> list[Path]:
     if data.get("restore"):
         fig, ax = plt.subplots(figsize=(7, 4))
         lengths = list(data["restore"])
-        width = 0.8 / len(_SOURCES)
-        for i, source in enumerate(_SOURCES):
+        sources = _sources(data)
+        width = 0.8 / len(sources)
+        for i, source in enumerate(sources):
             xs = [j + i * width for j in range(len(lengths))]
             ax.bar(xs, [data["restore"][n][source]["ttft"] for n in lengths], width, label=source)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], lengths)

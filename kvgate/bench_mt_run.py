@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import asdict, replace
@@ -40,6 +41,9 @@ def compare_run(
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
     kv = kv_bytes_per_token()
     with_s3 = bool(OBJECT_CONFIGS & set(only))
+    # SIGTERM (a time limit, a supervisor) unwinds like Ctrl-C: every worker, Postgres and
+    # SeaweedFS this run started is stopped by the blocks that started it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     root = run_dir()
     click.echo(f"services, logs and NAS under {root}", err=True)
     started = time.perf_counter()
@@ -85,6 +89,10 @@ def compare_run(
             f"{key:>26}: {value:>8}  target {v['target']:<7} {'met' if v['met'] else 'MISSED'}"
         )
     return data
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def rewrite(data: dict[str, Any], name: str | None = None) -> dict[str, Any]:
