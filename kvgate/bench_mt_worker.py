@@ -3,8 +3,8 @@
 The comparison needs the same engine and HTTP server under several tier ladders —
 none (evictions dropped), host RAM only, host + NAS, host + NAS + object store — which
 ``kvgate worker`` does not choose between. This module composes exactly what
-``kvgate worker`` composes (:mod:`kvgate.serving`, :func:`workers.server.create_app`) and
-adds a :class:`~workers.engine.tiered_offload.TieredOffload` over the tiers named by
+``kvgate worker`` composes (:mod:`kvgate.serving`, :func:`workers.server.create_app`), with
+the engine's :class:`~workers.engine.tiered_offload.TieredOffload` over the tiers named by
 ``--tiers``. Everything else comes from the usual settings (``KVGATE_NAS_PATH``,
 ``KVGATE_S3_*``, ``KVGATE_TIER_HOST_BYTES``, ``DATABASE_URL``, ``KVGATE_WORKER_*``).
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 import click
 import uvicorn
 
-from kvgate.serving import kv_layout, load_model, worker_options
+from kvgate.serving import load_model, running_engine, worker_options
 from kvgate.settings import load_settings
-from kvgate.tiering_setup import object_config, tiered_offload
+from kvgate.tiering_setup import object_config
 from tiering.store import LOWER_TIERS
 from workers.context import ServerConfig
-from workers.engine.engine import TorchEngine
+from workers.engine.tiered_offload import TieredOffload
 from workers.server import create_app
 
 
@@ -40,36 +40,13 @@ def main(tiers: str, host: str, port: int) -> None:
         raise click.UsageError("--tiers object needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
     options = worker_options(settings)
     loaded = load_model(options)
-    engine: TorchEngine | None = None
-
-    def prefill_stats() -> tuple[int, float]:
-        # Read without the engine's step lock: this runs on the engine thread mid-step.
-        s = engine.scheduler.stats if engine else None
-        return (s.prefill_tokens, s.prefill_seconds) if s else (0, 0.0)
-
-    offload = None
-    if chosen:
-        dsn = settings.database_url.get_secret_value() if settings.database_url else None
-        offload = tiered_offload(
-            settings,
-            dsn,
-            tiers=chosen,
-            model_fingerprint=loaded.model_id,
-            layout=kv_layout(loaded.config, options.engine),
-            prefill_stats=prefill_stats,
-        )
-    engine = TorchEngine(
-        loaded.config, loaded.state, options.engine, model_id=loaded.model_id, offload=offload
-    )
-    info = {"tiers": sorted(chosen), "kv_pool_bytes": options.engine.kv_pool_bytes}
-    config = ServerConfig(info, tier_stats=offload.stats if offload is not None else None)
-    app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
-    try:
+    with running_engine(
+        loaded, options, settings if chosen else None, lower_tiers=chosen
+    ) as engine:
+        info = {"tiers": sorted(chosen), "kv_pool_bytes": options.engine.kv_pool_bytes}
+        stats = engine.offload.stats if isinstance(engine.offload, TieredOffload) else None
+        app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(info, stats))
         uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
-        engine.close()
-        if offload is not None:
-            offload.close()
 
 
 if __name__ == "__main__":

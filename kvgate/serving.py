@@ -4,7 +4,7 @@ and `kvgate bench engine` so that the benchmark measures exactly what the worker
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,18 @@ def kv_layout(config: ModelConfig, options: EngineOptions) -> KVLayout:
 
 @contextlib.contextmanager
 def running_engine(
-    loaded: LoadedModel, options: WorkerOptions, tiers: Settings | None = None
+    loaded: LoadedModel,
+    options: WorkerOptions,
+    tiers: Settings | None = None,
+    *,
+    lower_tiers: Collection[str] | None = None,
 ) -> Iterator[TorchEngine]:
     """An engine serving ``loaded``, stopped on exit.
 
     With ``tiers`` (the settings naming host RAM budget, NAS, S3 and Postgres), pages the
     engine evicts go down the tier ladder and come back on a prefix hit; without, they are
-    dropped. The tiers close after the engine, so queued write-behind still lands.
+    dropped. ``lower_tiers`` picks which tiers (host is always one; default: those the
+    settings configure). The tiers close after the engine, so queued write-behind lands.
     """
     engine: TorchEngine | None = None
 
@@ -137,6 +142,7 @@ def running_engine(
         offload = tiered_offload(
             tiers,
             dsn,
+            tiers=lower_tiers,
             model_fingerprint=loaded.model_id,
             layout=kv_layout(loaded.config, options.engine),
             prefill_stats=prefill_stats,

@@ -71,11 +71,13 @@ async def open_store(o: SGLangBackendOptions, failures: FailureLog) -> TieredSto
                 deadline_s={"host": deadline, "nas": deadline, "object": deadline},
             )
         )
+        nas = NasTier(
+            NasConfig(root=nas_root, threads=o.nas_threads or min(8, os.cpu_count() or 1))
+        )
+        stack.callback(nas.close)  # its reader threads
         store = TieredStore(
             HostTier(o.host_bytes),
-            nas=NasTier(
-                NasConfig(root=nas_root, threads=o.nas_threads or min(8, os.cpu_count() or 1))
-            ),
+            nas=nas,
             obj=obj,
             ledger=ledger,
             cost=cost,
