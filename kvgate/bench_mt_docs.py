@@ -169,8 +169,9 @@ def findings(data: dict[str, Any]) -> list[str]:
                 f"while its {out_tokens:.0f}-token answer streams for {decode:.1f} s "
                 f"({nas['tpot_p50']:.3f} s per token at this concurrency): decoding, shared "
                 "by the requests batched together, is the part no tier removes. The tiers win "
-                "big where prefill dominates (long histories, fast decode: a GPU), see the "
-                "physics."
+                "where recomputing a history costs more than moving its KV (long histories, "
+                "large models): see the physics, and the GPU section, where a fast prefill "
+                "beat the restore path."
             )
     for key, v in data.get("targets", {}).items():
         if not v["met"]:
