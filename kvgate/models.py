@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from workers.engine.config import is_random_spec
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -72,7 +74,7 @@ def served_model_id(worker_model: str | None) -> str:
     """
     if worker_model is None:
         return DEFAULT_MODEL
-    if worker_model == "tiny-random" or worker_model.startswith("random:"):
+    if is_random_spec(worker_model):
         return worker_model.replace(":", "-")
     path = Path(worker_model)
     return (path.stem if path.is_file() else path.name).lower()

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+#: The model spec that selects the seeded tiny random Llama (``weights.tiny_random``).
+TINY_RANDOM = "tiny-random"
+#: Spec prefix of the real-size random models (``weights.RANDOM_PRESETS``).
+RANDOM_PREFIX = "random:"
+
+
+def is_random_spec(spec: str | Path | None) -> bool:
+    """Whether ``spec`` names a seeded random model (``tiny-random`` or ``random:<preset>``).
+
+    Torch-free, like the rest of this module, so the supervisor can name models with it.
+    """
+    return spec is not None and (str(spec) == TINY_RANDOM or str(spec).startswith(RANDOM_PREFIX))
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,10 @@ from pathlib import Path
 
 import torch
 
-from workers.engine.config import ModelConfig
+from workers.engine.config import RANDOM_PREFIX, TINY_RANDOM, ModelConfig, is_random_spec
 
 StateDict = dict[str, torch.Tensor]
 
-#: The spec string that selects ``tiny_random``.
-TINY_RANDOM = "tiny-random"
 
 #: Shape of ``tiny_random``: small enough for fast tests, with grouped-query attention
 #: (2 query heads per KV head), and SmolLM2's vocabulary and special ids so that the
@@ -47,9 +45,6 @@ TINY_CONFIG = ModelConfig(
     eos_token_ids=(2,),
 )
 
-
-#: Spec prefix of the real-size random models.
-RANDOM_PREFIX = "random:"
 
 #: Real model shapes ``random:<name>`` builds. They keep SmolLM2's vocabulary and special ids
 #: (so SmolLM2's tokenizer drives them), which makes the embedding and LM head smaller than
@@ -83,11 +78,6 @@ RANDOM_PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(2,),
     ),
 }
-
-
-def is_random_spec(spec: str | Path | None) -> bool:
-    """Whether ``spec`` names a seeded random model (``tiny-random`` or ``random:<preset>``)."""
-    return spec is not None and (str(spec) == TINY_RANDOM or str(spec).startswith(RANDOM_PREFIX))
 
 
 def random_config(spec: str) -> ModelConfig:
