@@ -60,11 +60,13 @@ WHERE l.key = d.k AND l.tiers & ~$2::smallint <> 0 AND l.tiers & $2::smallint <>
 """
 
 # The tiers of each leading page of the chain, up to the first page the ledger lacks.
+# One primary-key probe per page, as a correlated subquery: written as a join, a custom plan
+# made on stale statistics (right after a bulk insert) hashed the namespace's every row
+# instead, ~10 ms for 50,000 rows where the probes take 0.7 ms.
 _PREFIX = """
 WITH c AS (
-    SELECT u.ord, l.tiers
+    SELECT u.ord, (SELECT tiers FROM kv_ledger WHERE key = u.k AND namespace = $1) AS tiers
     FROM unnest($2::bytea[]) WITH ORDINALITY AS u(k, ord)
-    LEFT JOIN kv_ledger l ON l.key = u.k AND l.namespace = $1
 )
 SELECT tiers FROM c
 WHERE ord < coalesce((SELECT min(ord) FROM c WHERE tiers IS NULL), 2147483647)
