@@ -33,6 +33,15 @@ def test_pool_accounting_and_page_round_trip() -> None:
     pool.write_pages(pages[1:], data)
     assert torch.equal(pool.read_pages(pages[1:]), data)
     assert torch.equal(pool.read_pages([pages[2]])[0], data[1])
+    # single pages (a restore's zero-copy views) land exactly where a stacked write puts them
+    singles = torch.randn(2, *pool.layout.page_shape)
+    pool.write_pages(pages[:2][::-1], [singles[1], singles[0]])
+    assert torch.equal(pool.read_pages(pages[:2]), singles)
+    assert torch.equal(pool.read_pages([pages[2]])[0], data[1])  # its neighbour is untouched
+    with pytest.raises(ValueError, match="expected"):
+        pool.write_pages(pages[:1], [singles[0, :1]])
+    with pytest.raises(ValueError, match="2 pages of KV for 1 page ids"):
+        pool.write_pages(pages[:1], data)
     pool.free(pages)
     assert pool.used_pages == 0
     with pytest.raises(ValueError, match="kv_pool_bytes"):

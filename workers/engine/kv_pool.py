@@ -110,11 +110,43 @@ class KVPool:
         # [L, n, P, 2, H, D] -> [n, L, 2, P, H, D]
         return self.kv.index_select(1, idx).permute(1, 0, 3, 2, 4, 5).contiguous()
 
-    def write_pages(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
-        """Store ``pages`` (as :meth:`read_pages` returns them) into ``page_ids``."""
-        expected = (len(page_ids), *self.layout.page_shape)
-        if tuple(pages.shape) != expected:
-            raise ValueError(f"pages have shape {tuple(pages.shape)}, expected {expected}")
+    def write_pages(
+        self, page_ids: Sequence[int], pages: torch.Tensor | Sequence[torch.Tensor]
+    ) -> None:
+        """Store ``pages`` into ``page_ids``: one tensor as :meth:`read_pages` returns, or a
+        sequence of single pages (``[layers, 2, page_size, kv_heads, head_dim]`` each).
+
+        Single pages are what a restore yields (views of the tiers' read buffers). A CPU
+        pool copies each straight into its slot, so the restored bytes are copied once; a
+        device pool gathers them into one page-locked staging tensor and moves that in one
+        transfer, instead of one small pageable copy per page.
+        """
+        if len(pages) != len(page_ids):
+            raise ValueError(f"{len(pages)} pages of KV for {len(page_ids)} page ids")
+        if isinstance(pages, torch.Tensor):
+            self._check_shape(tuple(pages.shape[1:]))
+            self._write_stacked(page_ids, pages)
+            return
+        for page in pages:
+            self._check_shape(tuple(page.shape))
+        if self.kv.device.type != "cpu":
+            staging = torch.empty(
+                (len(pages), *self.layout.page_shape),
+                dtype=pages[0].dtype if pages else self.kv.dtype,
+                pin_memory=self.kv.device.type == "cuda",
+            )
+            torch.stack(list(pages), out=staging)
+            self._write_stacked(page_ids, staging)
+            return
+        for pid, page in zip(page_ids, pages, strict=True):
+            # pool slot [L, P, 2, H, D] <- page [L, 2, P, H, D]
+            self.kv[:, pid].copy_(page.permute(0, 2, 1, 3, 4))
+
+    def _check_shape(self, page_shape: tuple[int, ...]) -> None:
+        if page_shape != self.layout.page_shape:
+            raise ValueError(f"a page has shape {page_shape}, expected {self.layout.page_shape}")
+
+    def _write_stacked(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
-        src = pages.to(device=self.kv.device, dtype=self.kv.dtype).permute(1, 0, 3, 2, 4, 5)
-        self.kv.index_copy_(1, idx, src)
+        src = pages.to(device=self.kv.device, dtype=self.kv.dtype, non_blocking=pages.is_pinned())
+        self.kv.index_copy_(1, idx, src.permute(1, 0, 3, 2, 4, 5))

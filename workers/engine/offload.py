@@ -37,14 +37,15 @@ class EvictedPage:
 class LoadedPrefix:
     """KV of consecutive pages found below the device, starting at the requested page."""
 
-    #: ``[n_pages, layers, 2, page_size, kv_heads, head_dim]``
-    kv: torch.Tensor
+    #: per page ``[layers, 2, page_size, kv_heads, head_dim]``: one stacked tensor, or one
+    #: tensor per page (views of the tiers' buffers, so that no copy is made on the way in)
+    kv: torch.Tensor | Sequence[torch.Tensor]
     #: per page, the tier it came from: one of ``host``, ``nas``, ``object``
     tiers: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if self.kv.shape[0] != len(self.tiers):
-            raise ValueError(f"{self.kv.shape[0]} pages of KV but {len(self.tiers)} tier names")
+        if len(self.kv) != len(self.tiers):
+            raise ValueError(f"{len(self.kv)} pages of KV but {len(self.tiers)} tier names")
 
 
 class KVOffload(Protocol):

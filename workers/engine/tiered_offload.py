@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -144,11 +145,15 @@ class TieredOffload:
             n += 1
         if n == 0:
             return None
-        kv = torch.empty((n, *self.layout.page_shape), dtype=_TORCH_DTYPES[self.layout.dtype])
-        dst = kv.view(n, -1).view(torch.uint8).numpy()
-        for i, block in enumerate(fetched.blocks[:n]):
-            dst[i] = np.frombuffer(block.payload, dtype=np.uint8)
-        return LoadedPrefix(kv, tuple(fetched.tiers[:n]))
+        dtype = _TORCH_DTYPES[self.layout.dtype]
+        with warnings.catch_warnings():
+            # Host-tier payloads are read-only bytes; the pool only ever reads these views.
+            warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
+            pages = [
+                torch.frombuffer(block.payload, dtype=dtype).view(self.layout.page_shape)
+                for block in fetched.blocks[:n]
+            ]
+        return LoadedPrefix(pages, tuple(fetched.tiers[:n]))
 
     def _learn_prefill_rate(self) -> None:
         if self._prefill_stats is None:
