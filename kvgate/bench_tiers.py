@@ -39,8 +39,9 @@ from tiering.keys import Namespace
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
-from tiering.tiers.nas import NasConfig, NasTier, read_into, slab
+from tiering.tiers.nas import NasConfig, NasTier, read_into
 from tiering.tiers.object import ObjectConfig, ObjectTier
+from tiering.tiers.slabs import slab
 
 PAGE_SHAPE = (30, 2, 16, 3, 64)
 PAGE_TOKENS = 16

@@ -12,9 +12,7 @@ pages per thread, each page checksummed in its thread right after its read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import mmap
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -24,6 +22,7 @@ from pathlib import Path
 
 from tiering.codec import Block, CorruptBlock, decode, encode_header
 from tiering.tiers.base import TierError, TierStats
+from tiering.tiers.slabs import SlabPool
 
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
@@ -34,31 +33,6 @@ TMP_SUFFIX = ".tmp"
 GROUP_BYTES = 8 << 20
 #: and holds at most this many files open at once
 GROUP_FILES = 64
-_HUGE_PAGE = 2 << 20
-
-
-def slab(nbytes: int) -> memoryview:
-    """``nbytes`` of fresh memory for reads, in 2 MiB pages where the kernel allows.
-
-    Restores are bound by fresh memory, not by the page cache: every 4 KiB page a read
-    lands in costs a page fault and a zero-fill, and a freshly read page is kept (promoted
-    into host RAM), so its memory cannot be reused. One transparent huge page takes 512
-    times fewer faults. Only whole 2 MiB pages of ``nbytes`` are huge; the tail stays in
-    4 KiB pages, so the memory used is ``nbytes``, not ``nbytes`` rounded up to 2 MiB. The
-    slab is freed when the last block viewing it is dropped: a block that outlives its
-    neighbours keeps the whole slab (about ``GROUP_BYTES``).
-    """
-    # mapped in whole huge pages, the size the kernel aligns to them; never empty
-    size = max(1, -(-nbytes // _HUGE_PAGE)) * _HUGE_PAGE
-    mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = nbytes // _HUGE_PAGE * _HUGE_PAGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
-            if whole:
-                mem.madvise(mmap.MADV_HUGEPAGE, 0, whole)
-            if whole < size:  # with THP "always", the tail would be a whole huge page
-                mem.madvise(mmap.MADV_NOHUGEPAGE, whole, size - whole)
-    return memoryview(mem)[:nbytes]
 
 
 def read_into(fd: int, view: memoryview) -> int:
@@ -82,6 +56,9 @@ class NasConfig:
     threads: int = 8
     #: bytes per write call; bounds how long one call holds a thread
     write_chunk: int = 8 << 20
+    #: read memory kept for reuse once every block read into it is dropped (see
+    #: :class:`~tiering.tiers.slabs.SlabPool`); outside host RAM's budget
+    idle_read_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -103,6 +80,7 @@ class NasTier:
         self.config = config
         self.root = Path(config.root)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="kv-nas")
+        self._slabs = SlabPool(config.idle_read_bytes)
         self._stats = TierStats(self.name)
 
     def path(self, key: bytes) -> Path:
@@ -136,8 +114,8 @@ class NasTier:
         """Read and verify ``keys`` one after another: one worker thread's share of a batch.
 
         Files are opened in groups of about :data:`GROUP_BYTES` (at most
-        :data:`GROUP_FILES` descriptors), each group read into one fresh slab (see
-        :func:`slab`).
+        :data:`GROUP_FILES` descriptors), each group read into one slab of huge pages,
+        reused once every block read into it has been dropped.
         """
         out: list[Block | None] = [None] * len(keys)
         group: list[tuple[int, int, int]] = []  # (position in keys, fd, size), still open
@@ -170,7 +148,7 @@ class NasTier:
     ) -> None:
         """Read the open files of ``group`` into one slab, verifying each right after its
         read (while it is still in the CPU cache); close every descriptor."""
-        buf = slab(nbytes)
+        buf = self._slabs.take(nbytes)
         pos = closed = 0
         try:
             for i, fd, size in group:
@@ -320,5 +298,6 @@ class NasTier:
         return self._stats.snapshot()
 
     def close(self) -> None:
-        """Stop the I/O threads."""
+        """Stop the I/O threads and unmap the idle read memory."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._slabs.close()
