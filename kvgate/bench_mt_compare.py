@@ -73,12 +73,14 @@ QUICK = Spec(
     l1_tokens=6144, small_l2_tokens=1024, small_nas_tokens=4096,
     restore_lengths=(4000,), no_reuse_requests=24,
 )  # fmt: skip
-#: The full run's L1 holds the concurrent batch (8 clients x about 3,000 tokens of late-turn
-#: history), so that decode runs batched as a serving engine's would, and the 64 conversations
-#: played to their last turn make a working set of about 9x that L1.
+#: The full run plays 24 conversations to their last turn (181 requests per configuration),
+#: a working set of about 77,000 tokens: 8.3x its L1. Its L1 holds about three late-turn
+#: histories of the 8 concurrent clients', as a GPU's pool holds its running batch but not
+#: the idle conversations. A run takes about an hour on 2 CPU cores; the first turns (which
+#: no tier can help) are its warm-up.
 FULL = Spec(
-    conversations=64, active=32, clients=8, warmup=32, max_requests=0,
-    l1_tokens=24576, small_l2_tokens=2048, small_nas_tokens=8192,
+    conversations=24, active=24, clients=8, warmup=24, max_requests=0,
+    l1_tokens=9216, small_l2_tokens=2048, small_nas_tokens=8192,
     restore_lengths=(1000, 4000, 7000), no_reuse_requests=24,
 )  # fmt: skip
 
