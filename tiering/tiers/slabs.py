@@ -22,26 +22,13 @@ import numpy as np
 _HUGE_PAGE = 2 << 20
 
 
-def _map(size: int, huge_bytes: int) -> mmap.mmap:
-    """``size`` bytes of anonymous memory whose first ``huge_bytes`` ask for huge pages."""
+def _map(size: int) -> mmap.mmap:
+    """``size`` bytes (whole 2 MiB pages) of anonymous memory, asking for huge pages."""
     mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages
-            if huge_bytes:
-                mem.madvise(mmap.MADV_HUGEPAGE, 0, huge_bytes)
-            if huge_bytes < size:  # with THP "always", the tail would be a whole huge page
-                mem.madvise(mmap.MADV_NOHUGEPAGE, huge_bytes, size - huge_bytes)
+            mem.madvise(mmap.MADV_HUGEPAGE)
     return mem
-
-
-def slab(nbytes: int) -> memoryview:
-    """``nbytes`` of fresh memory, in 2 MiB pages where the kernel allows.
-
-    Only whole 2 MiB pages of ``nbytes`` are huge; the tail stays in 4 KiB pages, so the
-    memory used is ``nbytes``, not ``nbytes`` rounded up to 2 MiB. Freed with its last view.
-    """
-    size = max(1, -(-nbytes // _HUGE_PAGE)) * _HUGE_PAGE  # never empty
-    return memoryview(_map(size, nbytes // _HUGE_PAGE * _HUGE_PAGE))[:nbytes]
 
 
 class _Lease(np.ndarray):
@@ -85,7 +72,7 @@ class SlabPool:
                 mem = free.pop()
                 self._idle_bytes -= size
         if mem is None:
-            mem = _map(size, size)
+            mem = _map(size)
         lease = np.frombuffer(mem, dtype=np.uint8).view(_Lease)
         lease._pool, lease._mem = self, mem
         return memoryview(lease)[:nbytes]
