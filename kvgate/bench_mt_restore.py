@@ -12,6 +12,12 @@ workers in turn, each with a device pool that holds one such history and no more
    object store and deletes it from the NAS; worker C, fresh again, answers from S3
    (``object``; left out when the run has no object store).
 
+Each source is asked :data:`REPEATS` times and reported by its median sample: a serving
+worker restores with warm buffers, and a fresh process's first touch of its memory is a
+start-up cost, not a restore cost. Between two asks L1 is flushed (without offloading), so
+each ask comes from the source again; B and C keep no host RAM, so that a restored page
+is not promoted there and the next ask reads the NAS or S3 again.
+
 Every answer's usage says which tier served the cached tokens; the report keeps it, so a
 figure labelled ``nas`` is known to come from the NAS.
 """
@@ -22,7 +28,7 @@ import asyncio
 import os
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -37,7 +43,8 @@ SOURCES: tuple[str, ...] = ("resident", "host", "nas", "object", "recompute")
 TIERS = "host,nas,object"
 #: pool room beyond the history: the new message, the chat template, the answer
 POOL_SLACK_TOKENS = 400
-RESIDENT_REPEATS = 3
+#: asks per source; the median one is reported
+REPEATS = 3
 DRAIN_TIMEOUT_S = 300.0
 
 
@@ -95,29 +102,38 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
     tiers = TIERS if svc.s3 is not None else "host,nas"
     with stack.worker("restore-a", tiers, site, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["recompute"] = asyncio.run(_ask(url, history))
-        resident = [asyncio.run(_ask(url, history)) for _ in range(RESIDENT_REPEATS)]
-        out["resident"] = min(resident, key=lambda s: abs(s.ttft - _median(resident)))
+        out["recompute"] = _typical(url, history, flush=True)
+        out["resident"] = _typical(url, history, flush=False)
         # A prompt that needs every page of the pool evicts the whole history (a page left
         # in L1 would be missing from the NAS, and a prefix that misses its first page is
         # no prefix): L2 now, the NAS once written behind.
         overhead = out["recompute"].prompt_tokens - length  # message, template
         asyncio.run(_ask(url, _messages(pool_tokens - overhead - page // 2, seed + 1)))
         _wait_for_nas(site, out["recompute"].prompt_tokens // page)
-        # Drop the evicting prompt's pages (no offload) so the next turn is charged for
-        # fetching from host RAM only, not for first evicting a pool's worth of other KV.
-        httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
-        out["host"] = asyncio.run(_ask(url, history))
-    with stack.worker("restore-b", tiers, site, logs) as url:
+        # Flushing drops the evicting prompt's pages (no offload), so the turn is charged
+        # for fetching from host RAM only, not for first evicting a pool's worth of other KV.
+        out["host"] = _typical(url, history, flush=True)
+    no_l2 = replace(site, env={**site.env, "KVGATE_TIER_HOST_BYTES": "0"})
+    with stack.worker("restore-b", tiers, no_l2, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["nas"] = asyncio.run(_ask(url, history))
+        out["nas"] = _typical(url, history, flush=True)
     if svc.s3 is None:  # a run without an object store: L4 is not measured
         return out
     demote_everything(site, logs)
-    with stack.worker("restore-c", TIERS, site, logs) as url:
+    with stack.worker("restore-c", TIERS, no_l2, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["object"] = asyncio.run(_ask(url, history))
+        out["object"] = _typical(url, history, flush=True)
     return out
+
+
+def _typical(url: str, messages: list[dict[str, str]], *, flush: bool) -> Sample:
+    """The median of :data:`REPEATS` asks, each after flushing L1 when ``flush``."""
+    samples = []
+    for _ in range(REPEATS):
+        if flush:
+            httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
+        samples.append(asyncio.run(_ask(url, messages)))
+    return min(samples, key=lambda s: abs(s.ttft - _median(samples)))
 
 
 def _median(samples: list[Sample]) -> float:
