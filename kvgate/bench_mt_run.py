@@ -110,14 +110,14 @@ GPU_STEM = "multiturn_cuda"
 
 def _write(data: dict[str, Any], stem: str) -> None:
     """JSON, table and plots under docs/benchmarks/; docs/benchmarks.md from a full run, or
-    from another one while no full run has been recorded, with the GPU run's section when
-    one is recorded."""
+    from the quick run while no full run has been recorded, with the GPU run's section when
+    one is recorded. A run given its own ``--name`` leaves docs/benchmarks.md alone."""
     out = DOCS / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / f"{stem}.md").write_text(markdown_table(data))
-    if stem == "multiturn" or (stem != GPU_STEM and not (out / "multiturn.json").exists()):
+    if stem == "multiturn" or (stem == "multiturn_quick" and not (out / "multiturn.json").exists()):
         gpu = out / f"{GPU_STEM}.json"
         write_docs(
             data, DOCS / "benchmarks.md", json.loads(gpu.read_text()) if gpu.exists() else None

@@ -307,3 +307,28 @@ def test_report_from_a_saved_run_writes_json_table_plots_and_docs(
     assert (bench / "multiturn_configs.png").stat().st_size > 0
     assert (bench / "multiturn_restore.png").stat().st_size > 0
     assert "## What limits the figures" in (tmp_path / "docs" / "benchmarks.md").read_text()
+
+
+def test_only_the_full_or_else_the_quick_run_writes_the_benchmarks_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quick = _run_data() | {"run": "quick"}
+    saved = tmp_path / "quick.json"
+    saved.write_text(json.dumps(quick))
+    monkeypatch.chdir(tmp_path)
+    page = tmp_path / "docs" / "benchmarks.md"
+
+    def report(*extra: str) -> None:
+        result = CliRunner().invoke(multiturn, ["--report-from", str(saved), *extra])
+        assert result.exit_code == 0, result.output
+
+    report("--name", "experiment")  # a named side run: its own files, not the page
+    assert (tmp_path / "docs" / "benchmarks" / "experiment.json").exists()
+    assert not page.exists()
+    report()  # the quick run stands in while no full run is recorded
+    assert "(quick run" in page.read_text()
+    saved.write_text(json.dumps(_run_data()))
+    report()  # the full run replaces it
+    saved.write_text(json.dumps(quick))
+    report()  # and a later quick run leaves the full run's page alone
+    assert "(full run" in page.read_text()
