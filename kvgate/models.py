@@ -80,6 +80,35 @@ def served_model_id(worker_model: str | None) -> str:
     return (path.stem if path.is_file() else path.name).lower()
 
 
+def weights_fingerprint(worker_model: str | None, cache_dir: Path, *, device_type: str) -> str:
+    """What identifies the weights ``worker_model`` names, for keying their KV pages.
+
+    Workers that share the NAS and the object store exchange KV pages, which are only
+    interchangeable between identical weights: the served id is not enough (two fine-tunes
+    saved as ``model.gguf``, a file replaced in place). So: the registry's sha256 for the
+    default model (its file is verified against it), the sha256 of a weights file, or of a
+    directory's ``config.json`` and ``*.safetensors`` (hashed once per file version, the
+    hashes remembered under ``cache_dir``); a random model's spec and the device type it is
+    made on (the same seed gives other weights on another device's generator).
+    """
+    if worker_model is None:
+        return "sha256:" + spec_for(DEFAULT_MODEL).sha256
+    if is_random_spec(worker_model):
+        return f"{worker_model}@{device_type}"
+    path = Path(worker_model).resolve()
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(
+            p for p in path.iterdir() if p.name == "config.json" or p.suffix == ".safetensors"
+        )
+    digest = hashlib.sha256()
+    for f in files:
+        record = cache_dir / (hashlib.sha256(str(f).encode()).hexdigest()[:32] + ".json")
+        digest.update(f"{f.name}\0{recorded_sha256(f, record)}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
 #: ``downloader(requirement, dest_dir, quiet) -> wheel path``; tests wrap the pip one.
 Downloader = Callable[[str, Path, bool], Path]
 
@@ -148,29 +177,37 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def is_verified(path: Path, sha256: str, *, force: bool = False) -> bool:
-    """Whether ``path`` hashes to ``sha256``, re-hashing only when the file may have changed.
+def recorded_sha256(path: Path, record: Path, *, force: bool = False) -> str:
+    """Hex sha256 of ``path``, hashed only when ``record`` does not vouch for it.
 
-    The sidecar remembers (size, mtime_ns) of the last good hash. As in git's index, a file
-    whose mtime is not older than the sidecar itself could have been modified within the
-    same clock tick after the check, so it is re-hashed rather than trusted.
+    ``record`` remembers (sha256, size, mtime_ns) of the last hash. As in git's index, a
+    file whose mtime is not older than the record itself could have been modified within
+    the same clock tick after the hash, so it is re-hashed rather than trusted.
     """
     stat = path.stat()
-    sidecar = _sidecar(path)
     if not force:
-        with contextlib.suppress(OSError, ValueError):
-            seen = json.loads(sidecar.read_text())
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            seen = json.loads(record.read_text())
             if (
-                seen == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-                and stat.st_mtime_ns < sidecar.stat().st_mtime_ns
+                (seen["size"], seen["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns)
+                and stat.st_mtime_ns < record.stat().st_mtime_ns
+                and isinstance(seen["sha256"], str)
             ):
-                return True
-    if sha256_file(path) != sha256:
-        sidecar.unlink(missing_ok=True)
-        return False
-    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    _write_atomic(sidecar, json.dumps(record).encode())
-    return True
+                return seen["sha256"]
+    sha256 = sha256_file(path)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    _write_atomic(record, json.dumps(entry).encode())
+    return sha256
+
+
+def is_verified(path: Path, sha256: str, *, force: bool = False) -> bool:
+    """Whether ``path`` hashes to ``sha256``, re-hashing only when the file may have changed
+    since its sidecar recorded a good hash (see :func:`recorded_sha256`)."""
+    if recorded_sha256(path, _sidecar(path), force=force) == sha256:
+        return True
+    _sidecar(path).unlink(missing_ok=True)
+    return False
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

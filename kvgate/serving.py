@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvgate.models import DEFAULT_MODEL, ensure_model, served_model_id
+from kvgate.models import DEFAULT_MODEL, ensure_model, served_model_id, weights_fingerprint
 from kvgate.settings import Settings, load_settings
 from kvgate.tiering_setup import tiered_offload
 from workers.context import ChatTemplate, TextTokenizer
@@ -61,6 +61,8 @@ class LoadedModel:
     """Weights plus the text tools that go with them."""
 
     model_id: str
+    #: identifies the weights themselves; KV pages are keyed by it (see weights_fingerprint)
+    fingerprint: str
     config: ModelConfig
     state: dict[str, torch.Tensor]
     tokenizer: TextTokenizer
@@ -83,10 +85,14 @@ def load_model(options: WorkerOptions) -> LoadedModel:
         weights = spec
     else:
         text_source = weights = Path(spec)
-    model_id = served_model_id(spec)
+    fingerprint = weights_fingerprint(
+        spec, options.models_dir / "fingerprints", device_type=torch.device(device).type
+    )
     config, state = load_model_weights(weights, device=device, dtype=dtype)
     tokenizer = load_tokenizer(text_source)
-    return LoadedModel(model_id, config, state, tokenizer, chat_template_of(tokenizer))
+    return LoadedModel(
+        served_model_id(spec), fingerprint, config, state, tokenizer, chat_template_of(tokenizer)
+    )
 
 
 def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
@@ -143,7 +149,7 @@ def running_engine(
             tiers,
             dsn,
             tiers=lower_tiers,
-            model_fingerprint=loaded.model_id,
+            model_fingerprint=loaded.fingerprint,
             layout=kv_layout(loaded.config, options.engine),
             prefill_stats=prefill_stats,
         )

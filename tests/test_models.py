@@ -149,3 +149,56 @@ def test_cli_pull_and_list(tmp_path: Path, smollm2_gguf: Path) -> None:
 
     unknown = runner.invoke(cli, ["models", "pull", "gpt-9"], env=env)
     assert unknown.exit_code != 0 and "known models: smollm2-135m-instruct" in unknown.output
+
+
+def _write(path: Path, data: bytes, age_s: int = 100) -> None:
+    """Write ``path`` with an mtime ``age_s`` in the past: older than any record made now,
+    so a remembered hash is trusted, and distinct for each ``age_s``, so a rewrite shows."""
+    path.write_bytes(data)
+    past = path.stat().st_mtime_ns - age_s * 10**9
+    os.utime(path, ns=(past, past))
+
+
+def test_weights_fingerprint_follows_content_not_names(
+    tmp_path: Path, hash_calls: list[Path]
+) -> None:
+    cache = tmp_path / "fingerprints"
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (a, b, c):
+        d.mkdir()
+    _write(a / "model.gguf", b"fine-tune one")
+    _write(b / "model.gguf", b"fine-tune two")  # same served name, other weights
+    _write(c / "copy.gguf", b"fine-tune one")  # other name, same weights
+
+    def fp(path: Path) -> str:
+        return models.weights_fingerprint(str(path), cache, device_type="cpu")
+
+    one = fp(a / "model.gguf")
+    assert models.served_model_id(str(a / "model.gguf")) == "model"
+    assert one != fp(b / "model.gguf")
+    assert one == fp(c / "copy.gguf")
+    calls = len(hash_calls)
+    for _ in range(3):
+        assert fp(a / "model.gguf") == one
+    assert len(hash_calls) == calls  # remembered, not hashed again
+    _write(a / "model.gguf", b"fine-tune one, retrained", age_s=50)
+    assert fp(a / "model.gguf") != one  # replaced in place: new weights, new fingerprint
+
+
+def test_weights_fingerprint_of_a_directory_random_and_default_models(tmp_path: Path) -> None:
+    cache = tmp_path / "fingerprints"
+    model = tmp_path / "hf-model"
+    model.mkdir()
+    _write(model / "config.json", b'{"hidden_size": 64}')
+    _write(model / "model.safetensors", b"weights")
+    _write(model / "README.md", b"notes")
+    before = models.weights_fingerprint(str(model), cache, device_type="cpu")
+    _write(model / "README.md", b"other notes", age_s=50)  # not weights: same fingerprint
+    assert models.weights_fingerprint(str(model), cache, device_type="cpu") == before
+    _write(model / "model.safetensors", b"other weights!", age_s=50)
+    assert models.weights_fingerprint(str(model), cache, device_type="cpu") != before
+
+    # seeded random weights differ between device generators; the spec alone is not enough
+    cpu = models.weights_fingerprint("random:llama-3.1-8b", cache, device_type="cpu")
+    assert cpu != models.weights_fingerprint("random:llama-3.1-8b", cache, device_type="cuda")
+    assert models.weights_fingerprint(None, cache, device_type="cpu") == "sha256:" + SMOL.sha256

@@ -221,14 +221,23 @@ async def test_metrics_count_tokens_and_read_the_engine(client: httpx.AsyncClien
     assert float(generated.split()[-1]) >= 3
 
 
+def _counter(metrics: httpx.Response, name: str) -> float:
+    return float(next(x for x in metrics.text.splitlines() if x.startswith(name + " ")).split()[1])
+
+
 async def test_flush_cache_and_abort_unknown(
     client: httpx.AsyncClient, engine: TorchEngine
 ) -> None:
     await complete(client, prompt="to be flushed " * 8, max_tokens=2, **GREEDY)
-    assert engine.load().cached_pages > 0
+    cached = engine.load().cached_pages
+    assert cached > 0
+    before = _counter(await client.get("/metrics"), "kvgate_worker_evicted_pages_total")
     resp = await client.post("/flush_cache")
     assert resp.status_code == 200
     assert engine.load().cached_pages == 0
+    metrics = await client.get("/metrics")
+    assert _counter(metrics, "kvgate_worker_evicted_pages_total") == before + cached
+    assert _counter(metrics, "kvgate_worker_preemptions_total") == engine.stats().preemptions
     resp = await client.post("/abort_request", json={"rid": "no-such-request"})
     assert resp.json() == {"rid": "no-such-request", "aborted": False}
 

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from workers.engine.api import TIERS, Engine, TokenEvent
@@ -143,3 +143,16 @@ class _EngineCollector(Collector):
             ),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
+        for name, doc, value in (
+            (
+                "kvgate_worker_preemptions",
+                "Requests sent back to the queue to free KV pages.",
+                load.preemptions,
+            ),
+            (
+                "kvgate_worker_evicted_pages",
+                "KV pages the prefix cache evicted from the pool.",
+                load.evicted_pages,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)

@@ -72,6 +72,10 @@ class EngineLoad:
     pool_used_pages: int
     pool_total_pages: int
     cached_pages: int
+    #: requests sent back to the queue to free pages, since start
+    preemptions: int = 0
+    #: pages the prefix cache evicted (handed to the lower tiers, if any), since start
+    evicted_pages: int = 0
 
 
 class Engine(Protocol):

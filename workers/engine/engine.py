@@ -147,6 +147,8 @@ class TorchEngine:
             pool_used_pages=self.pool.used_pages,
             pool_total_pages=self.pool.num_pages,
             cached_pages=self.cache.cached_pages,
+            preemptions=self.scheduler.stats.preemptions,
+            evicted_pages=self.cache.evicted_pages,
         )
 
     # --- extras for the server and tests --------------------------------------------------------
