@@ -6,8 +6,7 @@ The engine calls an :class:`KVOffload` at two points and knows nothing else abou
   through :meth:`KVOffload.on_evict`;
 - when a request is admitted, after the longest device match, it asks
   :meth:`KVOffload.load_prefix` for the KV of the pages that follow, writes them into fresh
-  pool pages (run by run, as they arrive), inserts them into the radix cache and prefills
-  only the rest.
+  pool pages, inserts them into the radix cache and prefills only the rest.
 
 Namespaces are the requests' cache salts; the implementation folds in the model
 fingerprint and the pool's :class:`~workers.engine.kv_pool.KVLayout` itself (it is given
@@ -16,7 +15,7 @@ both when built). :class:`NoOffload` is the default: evicted pages are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,14 +57,12 @@ class KVOffload(Protocol):
 
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> Iterable[LoadedPrefix]:
+    ) -> LoadedPrefix | None:
         """KV for up to ``max_pages`` pages of ``token_ids`` starting at page ``start_page``.
 
-        ``token_ids`` is the whole prompt (keys chain from its first page). Yield consecutive
-        runs of pages, the first beginning exactly at ``start_page`` and each where the last
-        ended, so that the caller writes one run while the next is read; yield nothing when
-        there is nothing to load. The caller may stop early. Called on the scheduler thread
-        at admission: bound the time spent (fetch only when it beats recomputing).
+        ``token_ids`` is the whole prompt (keys chain from its first page). Return only a
+        consecutive run beginning exactly at ``start_page``, or None. Called on the scheduler
+        thread at admission: bound the time spent (fetch only when it beats recomputing).
         """
         ...
 
@@ -78,5 +75,5 @@ class NoOffload:
 
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> Iterable[LoadedPrefix]:
-        return ()
+    ) -> LoadedPrefix | None:
+        return None

@@ -223,39 +223,29 @@ class Scheduler:
             self.running.append(req)
 
     def _load_lower(self, req: _Request, reusable: int) -> list[str]:
-        """Fill pages after the device match from the lower tiers; returns their tiers.
-
-        Runs of pages are written into the pool as they arrive while the tiers read the
-        next. If a tier fails midway, the pages already written are verified KV and kept.
-        """
+        """Fill pages after the device match from the lower tiers; returns their tiers."""
         start = req.shared
-        want = reusable - start
-        tiers: list[str] = []
-        if want <= 0:
-            return tiers
+        if reusable <= start:
+            return []
         try:
-            for run in self.offload.load_prefix(req.namespace, req.tokens, start, want):
-                n = min(len(run.tiers), want - len(tiers))
-                at = start + len(tiers)
-                self.pool.write_pages(req.pages[at : at + n], run.kv[:n])
-                tiers.extend(run.tiers[:n])
-                if len(tiers) == want:
-                    break
+            loaded = self.offload.load_prefix(req.namespace, req.tokens, start, reusable - start)
+            if loaded is None or not loaded.tiers:
+                return []
+            n = min(len(loaded.tiers), reusable - start)
+            self.pool.write_pages(req.pages[start : start + n], loaded.kv[:n])
         except Exception:
             # A failing lower tier means recomputing those pages, not failing the request.
-            log.exception("loading a prefix from the lower tiers failed; recomputing the rest")
-        if not tiers:
-            return tiers
-        end = start + len(tiers)
+            log.exception("loading a prefix from the lower tiers failed; recomputing it")
+            return []
         node, held = self.cache.insert(
-            req.namespace, req.tokens[: end * self.page_size], req.pages[:end]
+            req.namespace, req.tokens[: (start + n) * self.page_size], req.pages[: start + n]
         )
-        assert held == req.pages[:end], "pages past the device match were cached"
+        assert held == req.pages[: start + n], "pages past the device match were cached"
         self.cache.lock(node)
         if req.prefix is not None:
             self.cache.unlock(req.prefix)
-        req.prefix, req.shared = node, end
-        return tiers
+        req.prefix, req.shared = node, start + n
+        return list(loaded.tiers[:n])
 
     # --- one step ---------------------------------------------------------------------------------
     def _preempt_youngest(self) -> _Request:

@@ -3,9 +3,8 @@
 The engine calls this object on its scheduler thread; the tiered store lives on an event
 loop of its own, on a thread of its own (its asyncpg pool and S3 client belong to that
 loop). Evictions are keyed, copied to host bytes and handed over without waiting. An
-admission restore blocks the scheduler for at most ``fetch_timeout_s``, reading each run of
-pages while the engine writes the previous one into its pool; after the timeout the rest is
-abandoned and the engine simply recomputes it. Nothing raised below the engine ever
+admission lookup blocks the scheduler for at most ``fetch_timeout_s``; after that the
+fetch is abandoned and the engine simply recomputes. Nothing raised below the engine ever
 reaches it: a failure is a miss.
 """
 
@@ -15,9 +14,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,14 +23,11 @@ import torch
 
 from tiering.codec import Block, make_block
 from tiering.keys import Namespace, page_keys
-from tiering.store import Fetched, TieredStore
+from tiering.store import TieredStore
 from workers.engine.kv_pool import KVLayout
 from workers.engine.offload import EvictedPage, LoadedPrefix
 
 log = logging.getLogger(__name__)
-
-#: bytes per run of a restore: the engine writes one run into its pool while the next is read
-RUN_BYTES = 32 << 20
 
 _TORCH_DTYPES = {
     "float32": torch.float32,
@@ -127,62 +122,38 @@ class TieredOffload:
 
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> Iterator[LoadedPrefix]:
-        """Fetch up to ``max_pages`` consecutive pages from ``start_page``, within the timeout.
-
-        The pages come in runs of about :data:`RUN_BYTES`; the next run is read while the
-        caller writes this one into its pool. A run that comes back short (a page missing,
-        damaged or not worth fetching) is the last; the timeout covers all runs together.
-        """
+    ) -> LoadedPrefix | None:
+        """Fetch up to ``max_pages`` consecutive pages from ``start_page``, within the timeout."""
         ns = self.namespace(namespace)
         ps = self.layout.page_size
         keys = page_keys(
             ns.digest, token_ids[: (start_page + max_pages) * ps], ps, start=start_page
         )
         if not keys:
-            return
+            return None
         self._learn_prefill_rate()
-        per_run = max(1, RUN_BYTES // self._page_bytes)
-        runs = [keys[i : i + per_run] for i in range(0, len(keys), per_run)]
-        deadline = time.monotonic() + self.fetch_timeout_s
-        pending: concurrent.futures.Future[Fetched] | None = self._fetch(ns, runs[0])
+        coro = self.store.fetch(ns.digest, keys, ps, page_bytes=self._page_bytes)
         try:
-            for i, run in enumerate(runs):
-                fut, pending = pending, None
-                assert fut is not None
-                try:
-                    fetched = fut.result(max(0.0, deadline - time.monotonic()))
-                except Exception as exc:  # timeout or a bug: recompute the rest
-                    fut.cancel()
-                    self.store.failures.record("offload", "load", exc)
-                    return
-                pages = self._views(fetched)
-                if len(pages) == len(run) and i + 1 < len(runs):
-                    pending = self._fetch(ns, runs[i + 1])  # read on while the caller writes
-                if pages:
-                    yield LoadedPrefix(pages, tuple(fetched.tiers[: len(pages)]))
-                if len(pages) < len(run):
-                    return
-        finally:
-            if pending is not None:  # the caller stopped early
-                pending.cancel()
-
-    def _fetch(self, ns: Namespace, keys: list[bytes]) -> concurrent.futures.Future[Fetched]:
-        coro = self.store.fetch(ns.digest, keys, self.layout.page_size, page_bytes=self._page_bytes)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def _views(self, fetched: Fetched) -> list[torch.Tensor]:
-        """The leading fetched pages of this pool's layout, as tensors viewing their buffers."""
+            fetched = self._call(coro, self.fetch_timeout_s)
+        except Exception as exc:  # timeout or a bug: recompute
+            self.store.failures.record("offload", "load", exc)
+            return None
+        n = 0
+        for block in fetched.blocks:
+            if block.shape != self.layout.page_shape or block.dtype != self.layout.dtype:
+                break  # a page from a different layout cannot be used (and is not ours)
+            n += 1
+        if n == 0:
+            return None
         dtype = _TORCH_DTYPES[self.layout.dtype]
-        pages = []
         with warnings.catch_warnings():
             # Host-tier payloads are read-only bytes; the pool only ever reads these views.
             warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
-            for block in fetched.blocks:
-                if block.shape != self.layout.page_shape or block.dtype != self.layout.dtype:
-                    break  # a page from a different layout cannot be used (and is not ours)
-                pages.append(torch.frombuffer(block.payload, dtype=dtype).view(block.shape))
-        return pages
+            pages = [
+                torch.frombuffer(block.payload, dtype=dtype).view(self.layout.page_shape)
+                for block in fetched.blocks[:n]
+            ]
+        return LoadedPrefix(pages, tuple(fetched.tiers[:n]))
 
     def _learn_prefill_rate(self) -> None:
         if self._prefill_stats is None:
