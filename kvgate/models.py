@@ -95,17 +95,18 @@ def weights_fingerprint(worker_model: str | None, cache_dir: Path, *, device_typ
         return "sha256:" + spec_for(DEFAULT_MODEL).sha256
     if is_random_spec(worker_model):
         return f"{worker_model}@{device_type}"
+
+    def content(f: Path) -> str:
+        record = cache_dir / (hashlib.sha256(str(f).encode()).hexdigest()[:32] + ".json")
+        return recorded_sha256(f, record)
+
     path = Path(worker_model).resolve()
     if path.is_file():
-        files = [path]
-    else:
-        files = sorted(
-            p for p in path.iterdir() if p.name == "config.json" or p.suffix == ".safetensors"
-        )
-    digest = hashlib.sha256()
-    for f in files:
-        record = cache_dir / (hashlib.sha256(str(f).encode()).hexdigest()[:32] + ".json")
-        digest.update(f"{f.name}\0{recorded_sha256(f, record)}\n".encode())
+        return "sha256:" + content(path)
+    digest = hashlib.sha256()  # a directory: which file holds what matters too
+    for f in sorted(path.iterdir()):
+        if f.name == "config.json" or f.suffix == ".safetensors":
+            digest.update(f"{f.name}\0{content(f)}\n".encode())
     return "sha256:" + digest.hexdigest()
 
 
