@@ -229,14 +229,15 @@ async def test_flush_cache_and_abort_unknown(
     client: httpx.AsyncClient, engine: TorchEngine
 ) -> None:
     await complete(client, prompt="to be flushed " * 8, max_tokens=2, **GREEDY)
-    cached = engine.load().cached_pages
-    assert cached > 0
+    assert engine.load().cached_pages > 0
     before = _counter(await client.get("/metrics"), "kvgate_worker_evicted_pages_total")
     resp = await client.post("/flush_cache")
     assert resp.status_code == 200
     assert engine.load().cached_pages == 0
     metrics = await client.get("/metrics")
-    assert _counter(metrics, "kvgate_worker_evicted_pages_total") == before + cached
+    # a flush drops pages on request; only evictions that make room count
+    assert _counter(metrics, "kvgate_worker_evicted_pages_total") == before
+    assert before == engine.stats().evicted_pages
     assert _counter(metrics, "kvgate_worker_preemptions_total") == engine.stats().preemptions
     resp = await client.post("/abort_request", json={"rid": "no-such-request"})
     assert resp.json() == {"rid": "no-such-request", "aborted": False}

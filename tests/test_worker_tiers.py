@@ -57,3 +57,5 @@ async def test_evicted_prefix_is_served_from_the_host_tier(
     )
     assert float(host_hits.split()[-1]) * PAGE >= tiers["host"]
     assert "kvgate_worker_tier_write_queue_pages" in metrics
+    evicted = next(x for x in metrics.splitlines() if x.startswith("kvgate_worker_evicted_pages"))
+    assert float(evicted.split()[-1]) * PAGE >= tiers["host"]  # what came back had been evicted

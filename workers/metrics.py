@@ -151,7 +151,7 @@ class _EngineCollector(Collector):
             ),
             (
                 "kvgate_worker_evicted_pages",
-                "KV pages the prefix cache evicted from the pool.",
+                "KV pages the prefix cache evicted to make room in the pool.",
                 load.evicted_pages,
             ),
         ):

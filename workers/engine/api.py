@@ -74,7 +74,8 @@ class EngineLoad:
     cached_pages: int
     #: requests sent back to the queue to free pages, since start
     preemptions: int = 0
-    #: pages the prefix cache evicted (handed to the lower tiers, if any), since start
+    #: pages the prefix cache evicted to make room (handed to the lower tiers, if any),
+    #: since start; a flush does not count
     evicted_pages: int = 0
 
 
