@@ -42,6 +42,8 @@ def test_pool_accounting_and_page_round_trip() -> None:
         pool.write_pages(pages[:1], [singles[0, :1]])
     with pytest.raises(ValueError, match="2 pages of KV for 1 page ids"):
         pool.write_pages(pages[:1], data)
+    pool.write_pages([], [])  # nothing restored: nothing written
+    assert torch.equal(pool.read_pages(pages[:2]), singles)
     pool.free(pages)
     assert pool.used_pages == 0
     with pytest.raises(ValueError, match="kv_pool_bytes"):

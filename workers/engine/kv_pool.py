@@ -123,6 +123,8 @@ class KVPool:
         """
         if len(pages) != len(page_ids):
             raise ValueError(f"{len(pages)} pages of KV for {len(page_ids)} page ids")
+        if not page_ids:
+            return
         if isinstance(pages, torch.Tensor):
             self._check_shape(tuple(pages.shape[1:]))
             self._write_stacked(page_ids, pages)
@@ -132,7 +134,7 @@ class KVPool:
         if self.kv.device.type != "cpu":
             staging = torch.empty(
                 (len(pages), *self.layout.page_shape),
-                dtype=pages[0].dtype if pages else self.kv.dtype,
+                dtype=pages[0].dtype,
                 pin_memory=self.kv.device.type == "cuda",
             )
             torch.stack(list(pages), out=staging)
