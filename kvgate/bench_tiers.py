@@ -3,11 +3,12 @@
 For each tier the same pages (SmolLM2-sized: 30 layers x K/V x 16 tokens x 3 heads x 64,
 fp16 = 360 KiB) are restored through the real path — a tiered-store fetch: ledger lookup,
 reads, checksum verification, and the copy into a destination buffer as the engine copies
-them into its pool — and moved raw from the same device at the same concurrency into the
-same destination: ``memcpy`` for host RAM, plain file reads for the NAS and plain GETs from
-the same S3 server for the object store, each followed by that same copy. Both sides end
-with the same bytes in the same place; the ratio is what the tier adds (ledger, checksum,
-bookkeeping). The plain reads alone are reported too. The
+them into its pool — and read raw from the same device at the same concurrency, as the issue
+defines it: ``memcpy`` for host RAM, plain file reads for the NAS, plain GETs from the same S3
+server for the object store. ``ratio`` is restore over that raw speed. For the NAS and S3 the
+raw reads followed by the same copy into the destination are timed too
+(``raw_into_gbps``, ``ratio_like_for_like``): both sides then end with the same bytes in the
+same place, and the ratio is what the tier itself adds (ledger, checksum, bookkeeping). The
 ledger is timed on batched upserts and on 256-key prefix lookups. Postgres and S3 are the
 configured ones, else an embedded PostgreSQL and a SeaweedFS started for the run.
 """
@@ -118,13 +119,10 @@ def _fill(dst: np.ndarray, payloads: Sequence[Any]) -> None:
 
 async def _bench_tier(
     tier: str, store: TieredStore, ns: Namespace, blocks: list[Block], raw: RawRead, plan: Plan,
-    *, copy_raw: bool = True,
+    *, raw_is_copy: bool = False,
 ) -> dict[str, float]:  # fmt: skip
-    """Restore against ``raw``, both ending with the pages in the same destination.
-
-    With ``copy_raw`` (NAS, object) the raw reads alone are timed too: ``read_gbps`` and
-    ``ratio_read`` say how restore compares with reads that stop short of the destination.
-    """
+    """Restore against ``raw``; unless ``raw_is_copy`` (RAM, where reading is the copy), also
+    against ``raw`` followed by the copy into the destination that restore ends with."""
     keys = [b.key for b in blocks]
     page_bytes = blocks[0].nbytes
     dst = np.empty((len(blocks), page_bytes), dtype=np.uint8)
@@ -146,11 +144,11 @@ async def _bench_tier(
 
     # RAM runs take milliseconds: many more of them to find undisturbed ones
     reps = plan.reps * (5 if tier == "host" else 1)
-    sides = [restore, raw_into, *([raw] if copy_raw else [])]
+    sides = [restore, raw_into] if raw_is_copy else [restore, raw, raw_into]
     gbps = await _paired_gbps(page_bytes * len(blocks), reps, sides, reset)
     out = {"restore_gbps": gbps[0], "raw_gbps": gbps[1], "ratio": gbps[0] / gbps[1]}
-    if copy_raw:
-        out |= {"read_gbps": gbps[2], "ratio_read": gbps[0] / gbps[2]}
+    if not raw_is_copy:
+        out |= {"raw_into_gbps": gbps[2], "ratio_like_for_like": gbps[0] / gbps[2]}
     return out
 
 
@@ -186,7 +184,7 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
         async def rows() -> np.ndarray:  # raw RAM is the copy into the destination itself
             return src
 
-        out["host"] = await _bench_tier("host", store, ns, blocks, rows, plan, copy_raw=False)
+        out["host"] = await _bench_tier("host", store, ns, blocks, rows, plan, raw_is_copy=True)
 
         say("nas: plain file reads vs verified fetch")
         ns, blocks = _chain(plan.pages)
@@ -196,7 +194,7 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
         readers = ThreadPoolExecutor(NAS_THREADS)
         loop = asyncio.get_running_loop()
 
-        header = len(encode_header(blocks[0]))
+        header = len(encode_header(blocks[0]))  # every page here has one shape and dtype
 
         def read(path: Path) -> memoryview:
             with open(path, "rb") as f:
@@ -213,7 +211,6 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
         await obj.put_many(blocks)
         await ledger.record(entries(blocks), OBJECT)
         sem = asyncio.Semaphore(s3.max_concurrency)
-        header = len(encode_header(blocks[0]))
 
         async def get(key: bytes) -> memoryview:
             async with sem:
@@ -306,10 +303,9 @@ def render(figures: dict[str, Any], plan: Plan) -> str:
         "",
         "Restore = the tiered store's fetch (ledger lookup, read, checksum) and the copy of "
         "each page into a destination buffer, as the engine copies restored pages into its "
-        "pool; raw = the same bytes from the same device at the same concurrency into the "
-        "same destination (memcpy; plain file reads, then that copy; plain S3 GETs, then "
-        "that copy). The ratio is what the tier adds. The NAS here is a local directory, hot "
-        "in the page cache.",
+        "pool; raw = the same bytes from the same device at the same concurrency (memcpy; "
+        "plain file reads; plain S3 GETs). The NAS here is a local directory, hot in the page "
+        "cache.",
         "",
         f"Load average (1 min) {figures['run']['loadavg_before']:.1f} before and "
         f"{figures['run']['loadavg_after']:.1f} after the run on {os.cpu_count()} CPUs. With "
@@ -323,10 +319,11 @@ def render(figures: dict[str, Any], plan: Plan) -> str:
             for t in TARGETS
         ),
         "",
-        "Against the plain reads alone, stopping short of the destination: NAS "
-        f"{figures['nas']['read_gbps']:.2f} GB/s (restore is {figures['nas']['ratio_read']:.2f} x "
-        f"that), object {figures['object']['read_gbps']:.2f} GB/s "
-        f"({figures['object']['ratio_read']:.2f} x).",
+        "Like for like, with the raw reads also copied into the destination that restore "
+        f"ends with: NAS raw {figures['nas']['raw_into_gbps']:.2f} GB/s, restore "
+        f"{figures['nas']['ratio_like_for_like']:.2f} x that; object raw "
+        f"{figures['object']['raw_into_gbps']:.2f} GB/s, restore "
+        f"{figures['object']['ratio_like_for_like']:.2f} x.",
         "",
         f"Ledger: {figures['ledger']['upserts_per_s']:,.0f} upserts/s (batches of 4096, 4 writers); "
         f"256-key prefix lookup p50 {figures['ledger']['lookup_p50_ms']:.2f} ms, "
