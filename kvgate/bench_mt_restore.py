@@ -133,7 +133,8 @@ def _typical(url: str, messages: list[dict[str, str]], *, flush: bool) -> Sample
         if flush:
             httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         samples.append(asyncio.run(_ask(url, messages)))
-    return min(samples, key=lambda s: abs(s.ttft - _median(samples)))
+    median = _median(samples)
+    return min(samples, key=lambda s: abs(s.ttft - median))
 
 
 def _median(samples: list[Sample]) -> float:
