@@ -1,16 +1,17 @@
 """``kvgate bench tiers``: restore speed of each tier against its raw device, and the ledger.
 
-For each tier the same pages (SmolLM2-sized: 30 layers x K/V x 16 tokens x 3 heads x 64,
-fp16 = 360 KiB) are restored through the real path — a tiered-store fetch: ledger lookup,
-reads, checksum verification, and the copy into a destination buffer as the engine copies
-them into its pool — and read raw from the same device at the same concurrency, as the issue
-defines it: ``memcpy`` for host RAM, plain file reads for the NAS, plain GETs from the same S3
-server for the object store. ``ratio`` is restore over that raw speed. For the NAS and S3 the
-raw reads followed by the same copy into the destination are timed too
-(``raw_into_gbps``, ``ratio_like_for_like``): both sides then end with the same bytes in the
-same place, and the ratio is what the tier itself adds (ledger, checksum, bookkeeping). The
-ledger is timed on batched upserts and on 256-key prefix lookups. Postgres and S3 are the
-configured ones, else an embedded PostgreSQL and a SeaweedFS started for the run.
+For each tier the same pages (SmolLM2-sized: 30 layers x 16 tokens x K/V x 3 heads x 64,
+fp16 = 360 KiB) are restored through the real path — a tiered-store fetch into a landing:
+ledger lookup, reads, checksum verification, with every page ending in a destination
+buffer as restored pages end in the engine's pool (the NAS reads straight into it; RAM and
+S3 bodies are copied there) — and read raw from the same device at the same concurrency,
+as the issue defines it: ``memcpy`` for host RAM, plain file reads for the NAS, plain GETs
+from the same S3 server for the object store. ``ratio`` is restore over that raw speed.
+For the NAS and S3 the raw reads followed by a copy into the destination are timed too
+(``raw_into_gbps``, ``ratio_like_for_like``): both sides then end with the same bytes in
+the same place. The ledger is timed on batched upserts and on 256-key prefix lookups.
+Postgres and S3 are the configured ones, else an embedded PostgreSQL and a SeaweedFS
+started for the run.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from migrations import runner
 from tiering.codec import Block, encode_header, make_block
 from tiering.cost import CostConfig, CostModel
 from tiering.keys import Namespace
+from tiering.landing import Landing
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
-PAGE_SHAPE = (30, 2, 16, 3, 64)
+PAGE_SHAPE = (30, 16, 2, 3, 64)
 PAGE_TOKENS = 16
 TARGETS = {"host": 0.8, "nas": 0.7, "object": 0.7}
 UPSERTS_TARGET = 50_000
@@ -131,13 +133,18 @@ async def _bench_tier(
         if tier != "host":
             store.host.clear()  # every run must come from the tier under test
 
+    rows = [[memoryview(row)] for row in dst]
+
     async def restore() -> None:
-        got = await store.fetch(ns.digest, keys, PAGE_TOKENS, page_bytes=page_bytes)
+        # the pages land in the destination as they land in the engine's pool: read
+        # straight there where the tier can (the NAS), copied from its buffers otherwise
+        into = Landing(ns.digest, blocks[0].dtype, blocks[0].shape, rows)
+        got = await store.fetch(ns.digest, keys, PAGE_TOKENS, page_bytes=page_bytes, into=into)
+        into.close()
         if got.tiers != [tier] * len(keys):
             raise click.ClickException(
                 f"{tier}: restored {len(got.tiers)} of {len(keys)} pages from {set(got.tiers)}"
             )
-        _fill(dst, [b.payload for b in got.blocks])
 
     async def raw_into() -> None:
         _fill(dst, await raw())
@@ -301,11 +308,12 @@ def render(figures: dict[str, Any], plan: Plan) -> str:
         f"{platform.machine()} with {os.cpu_count()} logical CPUs; {plan.pages} pages of "
         f"{int(np.prod(PAGE_SHAPE)) * 2 // 1024} KiB per tier, best of {plan.reps} alternating runs.",
         "",
-        "Restore = the tiered store's fetch (ledger lookup, read, checksum) and the copy of "
-        "each page into a destination buffer, as the engine copies restored pages into its "
-        "pool; raw = the same bytes from the same device at the same concurrency (memcpy; "
-        "plain file reads; plain S3 GETs). The NAS here is a local directory, hot in the page "
-        "cache.",
+        "Restore = the tiered store's fetch (ledger lookup, read, checksum) with every page "
+        "ending in a destination buffer, as restored pages end in the engine's pool: the NAS "
+        "reads each page straight into it and verifies it there, host RAM and S3 bodies are "
+        "copied into it; raw = the same bytes from the same device at the same concurrency "
+        "(memcpy; plain file reads; plain S3 GETs). The NAS here is a local directory, hot in "
+        "the page cache.",
         "",
         f"Load average (1 min) {figures['run']['loadavg_before']:.1f} before and "
         f"{figures['run']['loadavg_after']:.1f} after the run on {os.cpu_count()} CPUs. With "

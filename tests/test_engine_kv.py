@@ -8,8 +8,8 @@ import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
-from workers.engine.kv_pool import KVPool, PoolExhausted
-from workers.engine.offload import EvictedPage, LoadedPrefix
+from workers.engine.kv_pool import KVPool, PoolExhausted, RestoreTarget
+from workers.engine.offload import EvictedPage, Restored
 from workers.engine.radix import RadixCache
 
 MODEL = tiny_llama(seed=7)
@@ -22,8 +22,8 @@ def _pool(pages: int) -> KVPool:
 
 def test_pool_accounting_and_page_round_trip() -> None:
     pool = _pool(8)
-    assert pool.layout.page_shape == (2, 2, 4, 2, 16)
-    assert pool.layout.dtype == "float32" and pool.layout.layout == "layer,kv,token,head,dim"
+    assert pool.layout.page_shape == (2, 4, 2, 2, 16)
+    assert pool.layout.dtype == "float32" and pool.layout.layout == "layer,token,kv,head,dim"
     pages = pool.alloc(3)
     assert pool.used_pages == 3 and pool.free_pages == 5
     with pytest.raises(PoolExhausted):
@@ -33,21 +33,47 @@ def test_pool_accounting_and_page_round_trip() -> None:
     pool.write_pages(pages[1:], data)
     assert torch.equal(pool.read_pages(pages[1:]), data)
     assert torch.equal(pool.read_pages([pages[2]])[0], data[1])
-    # single pages (a restore's zero-copy views) land exactly where a stacked write puts them
-    singles = torch.randn(2, *pool.layout.page_shape)
-    pool.write_pages(pages[:2][::-1], [singles[1], singles[0]])
-    assert torch.equal(pool.read_pages(pages[:2]), singles)
-    assert torch.equal(pool.read_pages([pages[2]])[0], data[1])  # its neighbour is untouched
+    # a page's layout is its slot's: token t of layer l is the pool's row for that slot
+    slot_row = pages[2] * 4 + 3
+    assert torch.equal(pool.layer_slots[1][slot_row], data[1, 1, 3])
     with pytest.raises(ValueError, match="expected"):
-        pool.write_pages(pages[:1], [singles[0, :1]])
+        pool.write_pages(pages[:1], data[:1, :1])
     with pytest.raises(ValueError, match="2 pages of KV for 1 page ids"):
         pool.write_pages(pages[:1], data)
-    pool.write_pages([], [])  # nothing restored: nothing written
-    assert torch.equal(pool.read_pages(pages[:2]), singles)
     pool.free(pages)
     assert pool.used_pages == 0
     with pytest.raises(ValueError, match="kv_pool_bytes"):
         _pool(1)
+
+
+def test_a_restore_writes_bytes_straight_into_the_slots() -> None:
+    pool = _pool(8)
+    pages = pool.alloc(3)
+    before = pool.read_pages(pages)
+    target = pool.restore_target(pages[1:])
+    assert target.in_pool and len(target.views) == 2
+    assert all(len(parts) == 2 for parts in target.views)  # one run of bytes per layer
+    new = torch.randn(2, *pool.layout.page_shape)
+    for parts, page in zip(target.views, new, strict=True):
+        raw = memoryview(page.contiguous().view(torch.uint8).numpy()).cast("B")
+        pos = 0
+        for part in parts:
+            part[:] = raw[pos : pos + part.nbytes]
+            pos += part.nbytes
+    target.commit(2)  # nothing left to move on a CPU pool
+    assert torch.equal(pool.read_pages(pages[1:]), new)
+    assert torch.equal(pool.read_pages(pages[:1]), before[:1])  # its neighbour is untouched
+
+
+def test_held_back_pages_return_only_when_given_back() -> None:
+    pool = _pool(4)
+    pages = pool.alloc(4)
+    give_back = pool.hold_back(pages[0])
+    pool.free(pages[1:])
+    assert pool.free_pages == 3 and pool.held_back == 1
+    assert pages[0] not in pool.alloc(3)
+    give_back()  # as the late reader's thread would
+    assert pool.alloc(1) == [pages[0]] and pool.held_back == 0
 
 
 def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
@@ -58,7 +84,7 @@ def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
     b = [*a[:4], *range(200, 208)]  # shares the first page with a
     pa = pool.alloc(3)
     pool.write_pages(
-        pa, torch.arange(3.0)[:, None, None, None, None, None].expand(3, 2, 2, 4, 2, 16)
+        pa, torch.arange(3.0)[:, None, None, None, None, None].expand(3, 2, 4, 2, 2, 16)
     )
     _, held = cache.insert("ns", a, pa)
     assert held == pa
@@ -95,17 +121,18 @@ class InMemoryOffload:
             self.pages[(page.namespace, page.token_ids)] = page.kv.clone()
 
     def load_prefix(
-        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> LoadedPrefix | None:
+        self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
+    ) -> Restored:
         found = []
-        for i in range(start_page, start_page + max_pages):
+        for i in range(start_page, start_page + len(target.page_ids)):
             kv = self.pages.get((namespace, tuple(token_ids[: (i + 1) * 16])))
             if kv is None:
                 break
             found.append(kv)
         if not found:
-            return None
-        return LoadedPrefix(torch.stack(found), ("host",) * len(found))
+            return Restored()
+        target.pool.write_pages(target.page_ids[: len(found)], torch.stack(found))
+        return Restored(("host",) * len(found))
 
 
 async def test_evicted_pages_come_back_through_the_offload() -> None:
@@ -140,8 +167,8 @@ class BrokenOffload:
         raise OSError("NAS unreachable")
 
     def load_prefix(
-        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> LoadedPrefix | None:
+        self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
+    ) -> Restored:
         self.calls += 1
         raise OSError("NAS unreachable")
 

@@ -8,6 +8,7 @@ The tiny random Llama runs everywhere; the same scenario on SmolLM2 is marked ``
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tiering.cost import CostConfig, CostModel
 from tiering.ledger import Ledger
 from tiering.store import TieredStore
 from tiering.tierd import Tierd, TierdConfig
+from tiering.tiers import nas as nas_module
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
@@ -50,8 +52,9 @@ def _engine(config: ModelConfig, state: Any, pages: int, offload=None) -> TorchE
 
 
 def _offload(
-    dsn: str | None, db: str | None, nas_dir: Path, obj_cfg: ObjectConfig | None, config
-) -> TieredOffload:  # type: ignore[no-untyped-def]
+    dsn: str | None, db: str | None, nas_dir: Path, obj_cfg: ObjectConfig | None, config,
+    fetch_timeout_s: float = 30,
+) -> TieredOffload:  # type: ignore[no-untyped-def]  # fmt: skip
     async def build() -> TieredStore:
         res = contextlib.AsyncExitStack()
         nas = NasTier(NasConfig(nas_dir, fsync=False))
@@ -72,7 +75,10 @@ def _offload(
         )
 
     return TieredOffload(
-        build, model_fingerprint="test-model", layout=_layout(config), fetch_timeout_s=30
+        build,
+        model_fingerprint="test-model",
+        layout=_layout(config),
+        fetch_timeout_s=fetch_timeout_s,
     )
 
 
@@ -240,6 +246,57 @@ async def test_broken_backends_only_cost_cache_hits(nas_dir: Path, s3_server: S3
             assert tokens(await run(engine, "e", prompt, greedy(6))) == expected
             assert offload.stats()["failures"].get("nas.write", 0) >= 1
     finally:
+        engine.close()
+        cold.close()
+        offload.close()
+
+
+async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """NAS reads that hang past the fetch timeout: the request recomputes on other pages,
+    the pages the reads still write are held back, and come back when the reads end."""
+    offload = _offload(None, None, nas_dir, None, TINY.config, fetch_timeout_s=0.5)
+    prompt, others = _ids(70, 8, 512), [_ids(100, 9, 512), _ids(100, 10, 512)]
+    # room for the prompt's pages twice over: held back once, taken fresh once
+    engine = _engine(TINY.config, TINY.state_dict, pages=11, offload=offload)
+    cold = _engine(TINY.config, TINY.state_dict, pages=256)
+    go, ended = threading.Event(), threading.Semaphore(0)
+    read_into, land_run = nas_module.read_into, NasTier._land_run
+
+    def hanging_read(fd, views):  # type: ignore[no-untyped-def]
+        assert go.wait(30), "the test never let the read go on"
+        return read_into(fd, views)
+
+    def counted_run(self, *args, **kw):  # type: ignore[no-untyped-def]
+        try:
+            return land_run(self, *args, **kw)
+        finally:
+            ended.release()
+
+    try:
+        expected = tokens(await run(cold, "cold", prompt, greedy(6)))
+        assert tokens(await run(engine, "a", prompt, greedy(6))) == expected
+        for i, other in enumerate(others):  # evict the prompt's 4 pages to the NAS
+            await run(engine, f"b{i}", other, greedy(4))
+        offload.drain()
+        _on_store(offload, lambda s: s.host.clear())
+        monkeypatch.setattr(nas_module, "read_into", hanging_read)
+        monkeypatch.setattr(NasTier, "_land_run", counted_run)
+
+        again = await run(engine, "c", prompt, greedy(6))
+        assert tokens(again) == expected and again[-1].cached_tokens == 0
+        assert engine.pool.held_back == 4  # one per page whose read was under way
+        assert offload.stats()["failures"].get("offload.late", 0) == 1
+
+        go.set()  # the reads finish now, into the held-back pages only
+        for _ in range(4):  # one run of pages per reading thread
+            assert ended.acquire(timeout=30)
+        monkeypatch.setattr(nas_module, "read_into", read_into)
+        _on_store(offload, lambda s: s.host.clear())
+        final = await run(engine, "d", prompt, greedy(6))
+        assert tokens(final) == expected
+        assert engine.pool.held_back == 0  # given back, and reused
+    finally:
+        go.set()
         engine.close()
         cold.close()
         offload.close()

@@ -11,6 +11,7 @@ from tiering_support import chain, namespace, object_config
 from kvgate.services.seaweed import S3Endpoint
 from tiering.codec import encode_header
 from tiering.cost import CostConfig, CostModel
+from tiering.landing import Landing
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
@@ -198,4 +199,35 @@ async def test_a_page_leaving_host_ram_during_the_lookup_ends_the_prefix(parts) 
     assert got.tiers == ["host"]  # never a gap, never a page taken for lost
     assert store.counters["repaired_nas"] == 0
     assert await ledger.held([b.key for b in blocks], NAS) == {b.key for b in blocks[3:]}
+    await store.close()
+
+
+async def test_fetch_into_a_landing_reads_every_tier_in_place(parts) -> None:
+    nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 12)
+    keys = [b.key for b in blocks]
+    await nas.put_many(blocks[3:8])
+    await ledger.record(_entries(blocks[3:8]), NAS)
+    await obj.put_many(blocks[8:])
+    await ledger.record(_entries(blocks[8:]), OBJECT)
+    # page 9 is on the NAS too, but the ledger does not know (a write whose row is still
+    # to come): the early NAS read may take it, and it lands once, from one tier
+    await nas.put_many([blocks[9]])
+    store = _store(parts)
+    for block in blocks[:3]:
+        store.host.put_now(block)
+    views = [[memoryview(bytearray(b.nbytes))] for b in blocks]
+    landing = Landing(ns.digest, "float16", blocks[0].shape, views)
+
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=landing)
+    landing.close()
+    assert got.blocks == []
+    assert got.tiers[:9] == ["host"] * 3 + ["nas"] * 5 + ["object"]
+    assert got.tiers[9] in ("nas", "object") and got.tiers[10:] == ["object"] * 2
+    assert [bytes(v[0]) for v in views] == [bytes(b.payload) for b in blocks]
+    assert store.counters["repaired_object"] == 0  # page 9 was read, not lost
+    assert await ledger.prefix(ns.digest, keys[8:]) == [OBJECT] * 4
+    # the pages are the caller's now: nothing was promoted into host RAM
+    assert await store.lookup(ns.digest, keys) == ["host"] * 3 + ["nas"] * 5 + ["object"] * 4
     await store.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -95,12 +96,20 @@ def encode(block: Block) -> bytes:
     return encode_header(block) + block.payload
 
 
-def decode(buf: bytes | bytearray | memoryview, *, expect_key: bytes | None = None) -> Block:
-    """Verify and parse one block; raise :class:`CorruptBlock` on any inconsistency.
+@dataclass(frozen=True)
+class _Header:
+    key: bytes
+    namespace: bytes
+    dtype: str
+    shape: tuple[int, ...]
+    payload_len: int
+    checksum: int
+    #: bytes covered by the checksum before the payload (the header without its checksum)
+    covered: int
 
-    ``expect_key`` guards against a block stored under the wrong name (a misplaced file).
-    """
-    view = memoryview(buf).cast("B")
+
+def _parse_header(view: memoryview) -> _Header:
+    """The fields of the header at the start of ``view``; raise :class:`CorruptBlock`."""
     if view.nbytes < _FIXED.size:
         raise CorruptBlock(
             f"block truncated: {view.nbytes} bytes, header alone needs {_FIXED.size}"
@@ -111,25 +120,92 @@ def decode(buf: bytes | bytearray | memoryview, *, expect_key: bytes | None = No
     if version != VERSION:
         raise CorruptBlock(f"unsupported block version {version} (this build reads {VERSION})")
     pos = _FIXED.size
-    head_end = pos + 8 * ndim + dtype_len
-    if view.nbytes != head_end + 8 + plen:
-        raise CorruptBlock(
-            f"block is {view.nbytes} bytes, its header declares {head_end + 8 + plen}"
-        )
+    covered = pos + 8 * ndim + dtype_len
+    if view.nbytes < covered + 8:
+        raise CorruptBlock(f"block truncated: {view.nbytes} bytes, header needs {covered + 8}")
     shape = tuple(_U64.unpack_from(view, pos + 8 * i)[0] for i in range(ndim))
-    (checksum,) = _U64.unpack_from(view, head_end)
-    payload = view[head_end + 8 :]
-    h = xxhash.xxh3_64(view[:head_end])
-    h.update(payload)
-    if h.intdigest() != checksum:
-        raise CorruptBlock("checksum mismatch: the block was damaged in storage or transit")
     try:
-        dtype = bytes(view[pos + 8 * ndim : head_end]).decode("ascii")
-        block = make_block(bytes(key), bytes(namespace), dtype, shape, payload)
-    except (UnicodeDecodeError, ValueError) as exc:  # checksummed yet inconsistent: a bad writer
+        dtype = bytes(view[pos + 8 * ndim : covered]).decode("ascii")
+    except UnicodeDecodeError as exc:
         raise CorruptBlock(f"inconsistent block header: {exc}") from exc
-    if expect_key is not None and block.key != expect_key:
-        raise CorruptBlock(
-            f"block holds key {block.key.hex()[:16]}…, expected {expect_key.hex()[:16]}…"
-        )
+    (checksum,) = _U64.unpack_from(view, covered)
+    return _Header(bytes(key), bytes(namespace), dtype, shape, plen, checksum, covered)
+
+
+def _check_sum(head: _Header, view: memoryview, payload: memoryview) -> None:
+    h = xxhash.xxh3_64(view[: head.covered])
+    h.update(payload)
+    if h.intdigest() != head.checksum:
+        raise CorruptBlock("checksum mismatch: the block was damaged in storage or transit")
+
+
+def _check_key(found: bytes, expect: bytes) -> None:
+    if found != expect:
+        raise CorruptBlock(f"block holds key {found.hex()[:16]}…, expected {expect.hex()[:16]}…")
+
+
+def decode(buf: bytes | bytearray | memoryview, *, expect_key: bytes | None = None) -> Block:
+    """Verify and parse one block; raise :class:`CorruptBlock` on any inconsistency.
+
+    ``expect_key`` guards against a block stored under the wrong name (a misplaced file).
+    """
+    view = memoryview(buf).cast("B")
+    head = _parse_header(view)
+    total = head.covered + 8 + head.payload_len
+    if view.nbytes != total:
+        raise CorruptBlock(f"block is {view.nbytes} bytes, its header declares {total}")
+    payload = view[head.covered + 8 :]
+    _check_sum(head, view, payload)
+    try:
+        block = make_block(head.key, head.namespace, head.dtype, head.shape, payload)
+    except ValueError as exc:  # checksummed yet inconsistent: a bad writer
+        raise CorruptBlock(f"inconsistent block header: {exc}") from exc
+    if expect_key is not None:
+        _check_key(block.key, expect_key)
     return block
+
+
+class PageCheck:
+    """Verifies blocks read straight into their final memory, for one namespace, dtype and
+    shape: the header expected of each key is known up front, so a block is checked with
+    three byte comparisons and one checksum pass instead of a parse.
+
+    The key derives from the namespace, which covers dtype and shape, so a block under a
+    key that differs from the expected header anywhere is as wrong as a bad checksum.
+    """
+
+    def __init__(self, namespace: bytes, dtype: str, shape: tuple[int, ...]) -> None:
+        self.namespace, self.dtype, self.shape = namespace, dtype, tuple(shape)
+        self.payload_bytes = math.prod(self.shape) * DTYPE_SIZES[dtype]
+        probe = make_block(
+            bytes(KEY_BYTES), namespace, dtype, self.shape, bytes(self.payload_bytes)
+        )
+        head = encode_header(probe)[:-8]
+        self._before_key = head[:8]
+        self._after_key = head[8 + KEY_BYTES :]
+        self.header_bytes = len(head) + 8
+
+    def verify(self, header: memoryview, payload: Sequence[memoryview], key: bytes) -> None:
+        """Raise :class:`CorruptBlock` unless ``header`` + ``payload`` is ``key``'s block."""
+        covered = self.header_bytes - 8
+        if (
+            header[:8] != self._before_key
+            or header[8 : 8 + KEY_BYTES] != key
+            or header[8 + KEY_BYTES : covered] != self._after_key
+        ):
+            self._explain(header, key)
+        h = xxhash.xxh3_64(header[:covered])
+        for part in payload:
+            h.update(part)
+        if h.intdigest() != _U64.unpack_from(header, covered)[0]:
+            raise CorruptBlock("checksum mismatch: the block was damaged in storage or transit")
+
+    def _explain(self, header: memoryview, key: bytes) -> None:
+        """Raise a :class:`CorruptBlock` that says how ``header`` differs from the expected."""
+        head = _parse_header(header)
+        _check_key(head.key, key)
+        raise CorruptBlock(
+            f"block is {head.dtype} {head.shape} of namespace {head.namespace.hex()[:16]}… "
+            f"({head.payload_len} bytes), expected {self.dtype} {self.shape} of "
+            f"{self.namespace.hex()[:16]}… ({self.payload_bytes} bytes)"
+        )

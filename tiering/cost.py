@@ -85,6 +85,21 @@ class CostModel:
             n_tokens
         )
 
+    def worth_fetching(self, plan: list[str], tokens_per_page: int, page_bytes: int) -> list[str]:
+        """``plan`` (the tier of each page, in order) cut before the first run of pages of
+        one lower tier whose fetch is not predicted to beat recomputing it."""
+        i = 0
+        while i < len(plan):
+            tier = plan[i]
+            j = i
+            while j < len(plan) and plan[j] == tier:
+                j += 1
+            n = j - i
+            if tier != "host" and not self.should_fetch(tier, n * page_bytes, n * tokens_per_page):
+                return plan[:i]
+            i = j
+        return plan
+
     def deadline(self, tier: str, n_tokens: int) -> float:
         """Seconds after which a fetch from ``tier`` is abandoned and the rest recomputed.
 

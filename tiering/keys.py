@@ -31,7 +31,7 @@ class Namespace:
     model: str
     dtype: str
     page_size: int
-    layout: str = "layer,kv,token,head,dim"
+    layout: str = "layer,token,kv,head,dim"
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:

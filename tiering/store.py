@@ -3,7 +3,8 @@
 Lookups find the longest contiguous prefix of a key chain across host RAM (L2, in
 memory), then — through one ledger round trip — the NAS (L3) and the object store (L4).
 Fetches read the pages (every block verified by its checksum) under a deadline set by the
-cost model and promote them into L2. Evicted pages enter L2 at once and are written behind
+cost model and promote them into L2 — or, given a :class:`~tiering.landing.Landing` (the
+engine's pool pages), put them straight into the caller's memory, the level above L2. Evicted pages enter L2 at once and are written behind
 to the NAS by a background task fed through a bounded queue: when the queue is full the
 write is dropped and counted, so serving never waits on a disk. Every backend failure is
 counted, logged at a bounded rate and becomes a miss — the engine never sees an exception
@@ -19,12 +20,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiering.codec import Block, encode_header
+from tiering.codec import Block
 from tiering.cost import CostModel
 from tiering.failures import FailureLog
-from tiering.ledger import NAS, OBJECT, Entry, Ledger
+from tiering.landing import Landing
+from tiering.ledger import NAS, OBJECT, Ledger
 from tiering.tiers.base import Tier
 from tiering.tiers.host import HostTier
+from tiering.write_behind import WriteBehind
 
 #: Tiers in ladder order below the device.
 LOWER_TIERS: tuple[str, ...] = ("host", "nas", "object")
@@ -48,10 +51,15 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class Fetched:
-    """Pages of a chain's prefix, in order, and the tier each came from."""
+    """Pages of a chain's prefix, in order: the tier each came from, and the blocks (none
+    when the pages were fetched into a :class:`~tiering.landing.Landing`)."""
 
     blocks: list[Block]
     tiers: list[str]
+
+
+#: A tier's answer per key: the block (None if absent), or with a landing whether it landed.
+Answers = Sequence[Block | None] | Sequence[bool]
 
 
 class TieredStore:
@@ -85,7 +93,19 @@ class TieredStore:
         self.failures = FailureLog(self.config.error_log_interval_s)
         self.counters: Counter[str] = Counter()
         self.fetch_seconds: Counter[str] = Counter()
-        self._queue: asyncio.Queue[Block] = asyncio.Queue(self.config.write_queue_pages)
+        self._spill = (
+            None
+            if nas is None
+            else WriteBehind(
+                nas,
+                ledger,
+                queue_pages=self.config.write_queue_pages,
+                batch_pages=self.config.write_batch_pages,
+                ledger_timeout_s=self.config.ledger_timeout_s,
+                counters=self.counters,
+                failures=self.failures,
+            )
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[Fetched]] = set()
         self._closing = asyncio.Event()
@@ -96,14 +116,15 @@ class TieredStore:
         """Start the write-behind and touch-flush tasks."""
         if not self._tasks:
             self._closing.clear()
-            self._tasks = [asyncio.create_task(self._write_behind(), name="kv-write-behind")]
+            if self._spill is not None:
+                self._tasks.append(asyncio.create_task(self._spill.run(), name="kv-write-behind"))
             if self.ledger is not None:
                 self._tasks.append(asyncio.create_task(self._flush_loop(), name="kv-touches"))
         return self
 
     async def close(self, *, drain: bool = True) -> None:
         """Stop background work; with ``drain`` first write what is queued."""
-        if drain and "nas" in self.tiers:
+        if drain:
             await self.drain()
         self._closing.set()
         for task in [*self._tasks, *self._prefetches]:
@@ -118,48 +139,16 @@ class TieredStore:
 
     async def drain(self) -> None:
         """Wait until every queued page has been written (or has failed)."""
-        await self._queue.join()
+        if self._spill is not None:
+            await self._spill.drain()
 
     # --- spill path -------------------------------------------------------------------------
     def offer(self, blocks: Sequence[Block]) -> None:
         """Take evicted pages: into host RAM now, onto the NAS later. Never blocks."""
         for block in blocks:
             self.host.put_now(block)
-            if "nas" not in self.tiers:
-                continue
-            try:
-                self._queue.put_nowait(block)
-            except asyncio.QueueFull:
-                self.counters["write_dropped"] += 1
-
-    async def _write_behind(self) -> None:
-        nas = self.tiers.get("nas")
-        while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self.config.write_batch_pages and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                if nas is not None:
-                    await self._write_nas(nas, batch)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-
-    async def _write_nas(self, nas: Tier, batch: list[Block]) -> None:
-        try:
-            await nas.put_many(batch)
-        except Exception as exc:  # read-only or full NAS: the pages stay in host RAM only
-            self.counters["write_failed"] += len(batch)
-            self.failures.record("nas", "write", exc)
-            return
-        self.counters["written"] += len(batch)
-        if self.ledger is None:
-            return
-        entries = [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in batch]
-        try:  # data first, then its row; a missing row only leaves an orphan tierd collects
-            await asyncio.wait_for(self.ledger.record(entries, NAS), self.config.ledger_timeout_s)
-        except Exception as exc:
-            self.failures.record("ledger", "record", exc)
+        if self._spill is not None:
+            self._spill.put(blocks)
 
     async def _flush_loop(self) -> None:
         while not self._closing.is_set():
@@ -226,7 +215,13 @@ class TieredStore:
 
     # --- fetch ----------------------------------------------------------------------------------
     async def fetch(
-        self, namespace: bytes, keys: Sequence[bytes], tokens_per_page: int, *, page_bytes: int
+        self,
+        namespace: bytes,
+        keys: Sequence[bytes],
+        tokens_per_page: int,
+        *,
+        page_bytes: int,
+        into: Landing | None = None,
     ) -> Fetched:
         """Read the longest available prefix of ``keys`` that is worth fetching.
 
@@ -234,55 +229,90 @@ class TieredStore:
         is used only while fetching from it is predicted to beat recomputing; each tier's
         read is abandoned at its deadline, and the prefix ends at the first page that could
         not be read and verified.
+
+        Without ``into`` the pages come back as blocks and are promoted into host RAM. With
+        it, page ``i`` lands in ``into``'s page ``i`` (``into`` holds at least as many pages
+        as ``keys``) and ``blocks`` stays empty: the pages are in the caller's memory, the
+        level above this store, and reach host RAM again when that level evicts them.
         """
-        early = self._read_nas_early(keys, tokens_per_page, page_bytes)
-        plan = self._worth_fetching(await self.lookup(namespace, keys), tokens_per_page, page_bytes)
-        if early is not None and "nas" not in plan:
+        early = self._read_nas_early(keys, tokens_per_page, page_bytes, into)
+        found = await self.lookup(namespace, keys)
+        plan = self.cost.worth_fetching(found, tokens_per_page, page_bytes)
+        if len(plan) < len(found):
+            self.counters[f"skipped_{found[len(plan)]}"] += len(found) - len(plan)
+        if early is not None and "nas" not in plan and into is None:
             early[1].cancel()
             early = None
         if not plan:
+            if early is not None:
+                early[1].cancel()  # a landing's close() fences whatever its threads still do
             return Fetched([], [])
-        got: list[Block | None] = [None] * len(plan)
+        got: list[Block | bool | None] = [None] * len(plan)
         runs: dict[str, list[int]] = {}
         for i, tier in enumerate(plan):
             if tier == "host":  # RAM needs neither a task nor a deadline
-                got[i] = self.host.get_now(keys[i])
+                block = self.host.get_now(keys[i])
+                got[i] = block if into is None or block is None else into.fill(i, block)
             else:
                 runs.setdefault(tier, []).append(i)
         results = await asyncio.gather(
             *(
                 self._pick(early, idx)
                 if t == "nas" and early is not None
-                else self._read_tier(t, [keys[i] for i in idx], tokens_per_page)
+                else self._read_tier(t, keys, idx, tokens_per_page, into)
                 for t, idx in runs.items()
             )
         )
-        for (tier, idx), blocks in zip(runs.items(), results, strict=True):
-            if blocks is None:
+        # A landing's early NAS read may take pages the ledger placed elsewhere (a file not
+        # yet, or no longer, in the ledger): a page lands once, so theirs is the copy.
+        landed_early = set() if into is None or early is None else await self._landed(early)
+        abandoned = into is not None and into.closed
+        for (tier, idx), answers in zip(runs.items(), results, strict=True):
+            if answers is None:
                 continue  # the tier failed as a whole: a miss, but no proof the data is gone
-            for i, block in zip(idx, blocks, strict=True):
-                got[i] = block
-            missing = [keys[i] for i, b in zip(idx, blocks, strict=True) if b is None]
-            if missing:
+            for i, answer in zip(idx, answers, strict=True):
+                got[i] = answer
+            missing = [
+                keys[i]
+                for i, a in zip(idx, answers, strict=True)
+                if not a and i not in landed_early
+            ]
+            if missing and not abandoned:  # an abandoned landing stops reading: no proof either
                 await self._repair(tier, missing)
-        out = Fetched([], [])
-        for tier, block in zip(plan, got, strict=True):
-            if block is None or block.namespace != namespace:
-                break
-            out.blocks.append(block)
-            out.tiers.append(tier)
-            if tier != "host":
-                self.host.put_now(block, owned=True)  # promotion: the next turn finds it in RAM
+        out = self._assemble(namespace, plan, got, landed_early)
         for tier, n in Counter(out.tiers).items():
             self.counters[f"hit_{tier}"] += n
-        self.counters["miss"] += len(keys) - len(out.blocks)
+        self.counters["miss"] += len(keys) - len(out.tiers)
         if self.ledger is not None:
-            self.ledger.touch(b.key for b in out.blocks)
+            self.ledger.touch(keys[: len(out.tiers)])
+        return out
+
+    def _assemble(
+        self,
+        namespace: bytes,
+        plan: list[str],
+        got: list[Block | bool | None],
+        landed_early: set[int],
+    ) -> Fetched:
+        """The prefix of the plan whose pages all arrived, promoting blocks into RAM."""
+        out = Fetched([], [])
+        for i, (tier, answer) in enumerate(zip(plan, got, strict=True)):
+            if isinstance(answer, Block):
+                if answer.namespace != namespace:
+                    break
+                out.blocks.append(answer)
+                if tier != "host":  # promotion: the next turn finds it in RAM
+                    self.host.put_now(answer, owned=True)
+            elif not answer and i in landed_early:
+                tier = "nas"
+            elif not answer:
+                break
+            out.tiers.append(tier)
         return out
 
     def _read_nas_early(
-        self, keys: Sequence[bytes], tokens_per_page: int, page_bytes: int
-    ) -> tuple[int, asyncio.Task[list[Block | None] | None]] | None:
+        self, keys: Sequence[bytes], tokens_per_page: int, page_bytes: int, into: Landing | None
+    ) -> tuple[int, asyncio.Task[Answers | None]] | None:
         """Start reading the NAS past the host prefix while the ledger is still answering.
 
         Most restores come from L3; this takes the ledger round trip off their critical
@@ -295,60 +325,69 @@ class TieredStore:
         n = len(keys) - start
         if n == 0 or not self.cost.should_fetch("nas", n * page_bytes, n * tokens_per_page):
             return None
-        task = asyncio.create_task(self._read_tier("nas", list(keys[start:]), tokens_per_page))
+        idx = list(range(start, len(keys)))
+        task = asyncio.create_task(self._read_tier("nas", keys, idx, tokens_per_page, into))
         return start, task
 
     @staticmethod
     async def _pick(
-        early: tuple[int, asyncio.Task[list[Block | None] | None]], idx: list[int]
-    ) -> list[Block | None] | None:
+        early: tuple[int, asyncio.Task[Answers | None]], idx: list[int]
+    ) -> Answers | None:
         """The early NAS read's answers for plan positions ``idx``.
 
         The early read began at the host prefix, and :meth:`lookup` never places a lower
         tier before it, so every position is covered.
         """
         start, task = early
-        blocks = await task
-        return None if blocks is None else [blocks[i - start] for i in idx]
+        answers = await task
+        return None if answers is None else [answers[i - start] for i in idx]
 
-    def _worth_fetching(self, plan: list[str], tokens_per_page: int, page_bytes: int) -> list[str]:
-        """Cut ``plan`` before the first tier whose remaining run does not beat recompute."""
-        if plan.count("host") == len(plan):
-            return plan  # RAM always beats recompute
-        i = 0
-        while i < len(plan):
-            tier = plan[i]
-            j = i
-            while j < len(plan) and plan[j] == tier:
-                j += 1
-            n = j - i
-            if tier != "host" and not self.cost.should_fetch(
-                tier, n * page_bytes, n * tokens_per_page
-            ):
-                self.counters[f"skipped_{tier}"] += len(plan) - i
-                return plan[:i]
-            i = j
-        return plan
+    @staticmethod
+    async def _landed(early: tuple[int, asyncio.Task[Answers | None]]) -> set[int]:
+        """Positions the early NAS read landed (it always runs to its end with a landing)."""
+        start, task = early
+        try:
+            answers = await task
+        except asyncio.CancelledError:
+            return set()
+        return {start + j for j, a in enumerate(answers or ()) if a is True}
 
     async def _read_tier(
-        self, tier: str, keys: list[bytes], tokens_per_page: int
-    ) -> list[Block | None] | None:
-        """The tier's answer per key, or None when it failed or overran its deadline."""
-        deadline = self.cost.deadline(tier, len(keys) * tokens_per_page)
+        self,
+        tier: str,
+        keys: Sequence[bytes],
+        idx: list[int],
+        tokens_per_page: int,
+        into: Landing | None,
+    ) -> Answers | None:
+        """The tier's answer for each of ``keys[i]``, ``i`` in ``idx`` (a block, or with
+        ``into`` whether it landed in page ``i``); None when the tier failed or overran."""
+        wanted = [keys[i] for i in idx]
+        deadline = self.cost.deadline(tier, len(wanted) * tokens_per_page)
+        read = (
+            self.tiers[tier].get_many(wanted)
+            if into is None
+            else self.tiers[tier].land(wanted, into, idx)
+        )
         start = time.perf_counter()
         try:
-            blocks = await asyncio.wait_for(self.tiers[tier].get_many(keys), deadline)
+            answers: Answers = await asyncio.wait_for(read, deadline)
         except TimeoutError:
-            self.failures.record(tier, "deadline", f"{len(keys)} pages not read in {deadline:.3f}s")
+            self.failures.record(
+                tier, "deadline", f"{len(wanted)} pages not read in {deadline:.3f}s"
+            )
             return None
         except Exception as exc:
             self.failures.record(tier, "read", exc)
             return None
         elapsed = time.perf_counter() - start
-        n_bytes = sum(b.nbytes for b in blocks if b is not None)
+        if into is None:
+            n_bytes = sum(b.nbytes for b in answers if isinstance(b, Block))
+        else:
+            n_bytes = sum(1 for a in answers if a) * into.check.payload_bytes
         self.fetch_seconds[tier] += elapsed
         self.cost.observe(tier, n_bytes, elapsed)
-        return blocks
+        return answers
 
     async def _repair(self, tier: str, keys: list[bytes]) -> None:
         """The ledger claimed pages the tier could not produce: correct the ledger."""
@@ -385,6 +424,6 @@ class TieredStore:
             "store": dict(self.counters),
             "fetch_seconds": dict(self.fetch_seconds),
             "failures": {f"{t}.{k}": n for (t, k), n in self.failures.counts.items()},
-            "write_queue": self._queue.qsize(),
+            "write_queue": 0 if self._spill is None else self._spill.queued(),
             "cost": self.cost.snapshot(),
         }

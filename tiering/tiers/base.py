@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tiering.codec import Block
+from tiering.landing import Landing
 
 
 class TierError(RuntimeError):
@@ -48,6 +49,11 @@ class Tier(Protocol):
         """The verified blocks for ``keys`` in order; ``None`` where absent or corrupt."""
         ...
 
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+        """Put the verified page of each ``keys[j]`` into page ``at[j]`` of ``into``; True
+        where it landed. Absent, corrupt (deleted and counted) or abandoned pages are False."""
+        ...
+
     async def put_many(self, blocks: Sequence[Block]) -> None:
         """Store ``blocks`` (overwriting same keys); raise :class:`TierError` if impossible."""
         ...
@@ -63,3 +69,12 @@ class Tier(Protocol):
     def stats(self) -> TierStats:
         """A snapshot of the counters."""
         ...
+
+
+async def land_by_copy(
+    tier: Tier, keys: Sequence[bytes], into: Landing, at: Sequence[int]
+) -> list[bool]:
+    """:meth:`Tier.land` for a tier whose reads arrive in buffers of its own (RAM, HTTP
+    bodies): read and verify as :meth:`Tier.get_many` does, then copy into the landing."""
+    blocks = await tier.get_many(keys)
+    return [b is not None and into.fill(i, b) for i, b in zip(at, blocks, strict=True)]

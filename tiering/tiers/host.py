@@ -12,7 +12,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from tiering.codec import Block
-from tiering.tiers.base import TierStats
+from tiering.landing import Landing
+from tiering.tiers.base import TierStats, land_by_copy
 
 CopyIn = Callable[[memoryview], memoryview]
 
@@ -82,6 +83,9 @@ class HostTier:
 
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
         return [self.get_now(k) for k in keys]
+
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+        return await land_by_copy(self, keys, into, at)
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         for block in blocks:

@@ -12,15 +12,18 @@ pages per thread, each page checksummed in its thread right after its read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tiering.codec import Block, CorruptBlock, decode, encode_header
+from tiering.landing import Landing
 from tiering.tiers.base import TierError, TierStats
 from tiering.tiers.slabs import SlabPool
 
@@ -35,14 +38,19 @@ GROUP_BYTES = 8 << 20
 GROUP_FILES = 64
 
 
-def read_into(fd: int, view: memoryview) -> int:
-    """Fill ``view`` from ``fd``; the bytes read (fewer only when the file ends early)."""
-    got = 0
-    while got < view.nbytes:  # short reads (NFS, signals): continue where it stopped
-        n = os.readv(fd, [view[got:]])
+def read_into(fd: int, views: Sequence[memoryview]) -> int:
+    """Fill ``views`` in order from ``fd``; the bytes read (fewer only at an early end)."""
+    got = part = offset = 0  # read so far; the view being filled, and how far into it
+    while part < len(views):
+        # short reads (NFS, signals): continue where it stopped
+        n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
         if n == 0:
             break
         got += n
+        offset += n
+        while part < len(views) and offset >= views[part].nbytes:
+            offset -= views[part].nbytes
+            part += 1
     return got
 
 
@@ -155,7 +163,7 @@ class NasTier:
                 view = buf[pos : pos + size]
                 pos += size
                 try:
-                    got = read_into(fd, view)
+                    got = read_into(fd, [view])
                 except OSError as exc:
                     raise TierError(f"nas: cannot read {self._file(keys[i])}: {exc}") from exc
                 finally:
@@ -172,25 +180,81 @@ class NasTier:
             # read-only, like the bytes a plain read returns: the host tier keeps this buffer
             return decode(data.toreadonly(), expect_key=key)
         except CorruptBlock:
-            self._stats.corruptions += 1
-            self._unlink(self._file(key))
+            self._corrupt(key)
             return None
 
-    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
-        # one executor call per thread, each reading a contiguous run of keys: as many
-        # reads in flight as threads, without a future and a loop wake-up per page
+    def _corrupt(self, key: bytes) -> None:
+        self._stats.corruptions += 1
+        self._unlink(self._file(key))
+
+    def _land_run(self, keys: Sequence[bytes], at: Sequence[int], *, into: Landing) -> list[bool]:
+        """Read ``keys`` straight into their pages of ``into`` and verify them there: one
+        worker thread's share of :meth:`land`. Stops once ``into`` is closed."""
+        check = into.check
+        header = memoryview(bytearray(check.header_bytes))
+        size = check.header_bytes + check.payload_bytes
+        out = [False] * len(keys)
+        for j, key in enumerate(keys):
+            path = self._file(key)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise TierError(f"nas: cannot open {path}: {exc}") from exc
+            try:
+                views = into.claim(at[j])
+                if views is None:
+                    if into.closed:
+                        break  # abandoned: the memory is no longer ours to write
+                    continue  # another tier wrote this page
+                try:
+                    if read_into(fd, [header, *views]) != size:
+                        raise CorruptBlock(f"{path} is shorter than a block of this layout")
+                    check.verify(header, views, key)
+                    out[j] = True
+                except CorruptBlock:
+                    self._corrupt(key)
+                finally:
+                    into.release(at[j])
+            except OSError as exc:
+                raise TierError(f"nas: cannot read {path}: {exc}") from exc
+            finally:
+                os.close(fd)
+        return out
+
+    async def _spread(
+        self, read_run: Callable[..., list[Any]], keys: Sequence[bytes], *aligned: Sequence[Any]
+    ) -> list[Any]:
+        """``read_run`` over one contiguous run of ``keys`` (and of each ``aligned``
+        sequence) per thread: as many reads in flight as threads, without a future and a
+        loop wake-up per page. The runs' answers, concatenated."""
         runs = max(1, min(self.config.threads, len(keys)))
         bounds = [len(keys) * r // runs for r in range(runs + 1)]
         parts = await asyncio.gather(
-            *(self._run(self._read_run, keys[a:b]) for a, b in itertools.pairwise(bounds))
+            *(
+                self._run(read_run, keys[a:b], *(seq[a:b] for seq in aligned))
+                for a, b in itertools.pairwise(bounds)
+            )
         )
-        out = [block for part in parts for block in part]
+        return [answer for part in parts for answer in part]
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
+        out: list[Block | None] = await self._spread(self._read_run, keys)
         for block in out:
             if block is None:
                 self._stats.misses += 1
             else:
                 self._stats.hits += 1
                 self._stats.bytes_read += block.nbytes
+        return out
+
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+        out: list[bool] = await self._spread(functools.partial(self._land_run, into=into), keys, at)
+        landed = sum(out)
+        self._stats.hits += landed
+        self._stats.misses += len(out) - landed
+        self._stats.bytes_read += landed * into.check.payload_bytes
         return out
 
     async def longest_prefix(self, keys: Sequence[bytes]) -> int:

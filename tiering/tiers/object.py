@@ -20,7 +20,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.codec import Block, CorruptBlock, decode, encode
-from tiering.tiers.base import TierError, TierStats
+from tiering.landing import Landing
+from tiering.tiers.base import TierError, TierStats, land_by_copy
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
 _TRANSPORT_ERRORS = (BotoCoreError, OSError, TimeoutError)
@@ -173,6 +174,9 @@ class ObjectTier:
                 self._stats.hits += 1
                 self._stats.bytes_read += block.nbytes
         return list(out)
+
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+        return await land_by_copy(self, keys, into, at)
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         await self.start()

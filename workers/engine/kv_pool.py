@@ -3,13 +3,17 @@
 A page holds ``page_size`` consecutive tokens of K and V for every layer. The pool only
 hands out page ids and moves bytes; which tokens a page holds is the radix cache's and the
 scheduler's business. Storage is layer-major (``[layers, pages, page_size, 2, kv_heads,
-head_dim]``) so that one layer's attention gathers rows of one contiguous block; pages
-leave and enter the pool in the tier layout ``layer,kv,token,head,dim`` instead.
+head_dim]``) so that one layer's attention gathers rows of one contiguous block. Pages
+leave and enter the pool in the tier layout ``layer,token,kv,head,dim``: per layer, the
+bytes of the page's slot exactly as the pool holds them, so a restore can read a page
+straight into a CPU pool (one contiguous run per layer) with nothing to reorder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +21,7 @@ import torch
 from workers.engine.config import ModelConfig
 
 #: Axis order of one exported page (after the leading page axis); tiering folds it into keys.
-PAGE_LAYOUT = "layer,kv,token,head,dim"
+PAGE_LAYOUT = "layer,token,kv,head,dim"
 
 
 class PoolExhausted(RuntimeError):
@@ -38,7 +42,7 @@ class KVLayout:
     @property
     def page_shape(self) -> tuple[int, ...]:
         """Shape of one exported page."""
-        return (self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim)
+        return (self.num_layers, self.page_size, 2, self.num_kv_heads, self.head_dim)
 
 
 class KVPool:
@@ -79,18 +83,26 @@ class KVPool:
         self.layer_slots = [self.kv[i].view(-1, 2, H, D) for i in range(L)]
         # Pop from the end: low page ids go out first, which keeps test output readable.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
+        #: pages an abandoned restore may still write (see :meth:`hold_back`), and those
+        #: whose writes have ended since, to be put back on the free list
+        self.held_back = 0
+        self._returned: collections.deque[int] = collections.deque()
+        self._given_back = threading.Event()
+        self._bytes: memoryview | None = None  # a CPU pool's storage as bytes, made on demand
 
     # --- accounting -------------------------------------------------------------------------
     @property
     def free_pages(self) -> int:
+        self._take_returned()
         return len(self._free)
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.num_pages - self.free_pages
 
     def alloc(self, n: int) -> list[int]:
         """Take ``n`` free pages; raises :class:`PoolExhausted` (taking none) if fewer are free."""
+        self._take_returned()
         if n > len(self._free):
             raise PoolExhausted(f"asked for {n} pages, {len(self._free)} free")
         if n == 0:
@@ -105,50 +117,98 @@ class KVPool:
 
     # --- export / import for tiering ------------------------------------------------------------
     def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
-        """A contiguous copy ``[n, layers, 2, page_size, kv_heads, head_dim]`` of the pages."""
+        """A contiguous copy ``[n, layers, page_size, 2, kv_heads, head_dim]`` of the pages."""
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
-        # [L, n, P, 2, H, D] -> [n, L, 2, P, H, D]
-        return self.kv.index_select(1, idx).permute(1, 0, 3, 2, 4, 5).contiguous()
+        return self.kv.index_select(1, idx).transpose(0, 1).contiguous()
 
-    def write_pages(
-        self, page_ids: Sequence[int], pages: torch.Tensor | Sequence[torch.Tensor]
-    ) -> None:
-        """Store ``pages`` into ``page_ids``: one tensor as :meth:`read_pages` returns, or a
-        sequence of single pages (``[layers, 2, page_size, kv_heads, head_dim]`` each).
-
-        Single pages are what a restore yields (views of the tiers' read buffers). A CPU
-        pool copies each straight into its slot, so the restored bytes are copied once; a
-        device pool gathers them into one page-locked staging tensor and moves that in one
-        transfer, instead of one small pageable copy per page.
-        """
+    def write_pages(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
+        """Store ``pages`` (as :meth:`read_pages` returns them) into ``page_ids``."""
         if len(pages) != len(page_ids):
             raise ValueError(f"{len(pages)} pages of KV for {len(page_ids)} page ids")
+        if tuple(pages.shape[1:]) != self.layout.page_shape:
+            raise ValueError(
+                f"pages have shape {tuple(pages.shape[1:])}, expected {self.layout.page_shape}"
+            )
         if not page_ids:
             return
-        if isinstance(pages, torch.Tensor):
-            self._check_shape(tuple(pages.shape[1:]))
-            self._write_stacked(page_ids, pages)
-            return
-        for page in pages:
-            self._check_shape(tuple(page.shape))
-        if self.kv.device.type != "cpu":
-            staging = torch.empty(
-                (len(pages), *self.layout.page_shape),
-                dtype=pages[0].dtype,
-                pin_memory=self.kv.device.type == "cuda",
-            )
-            torch.stack(list(pages), out=staging)
-            self._write_stacked(page_ids, staging)
-            return
-        for pid, page in zip(page_ids, pages, strict=True):
-            # pool slot [L, P, 2, H, D] <- page [L, 2, P, H, D]
-            self.kv[:, pid].copy_(page.permute(0, 2, 1, 3, 4))
-
-    def _check_shape(self, page_shape: tuple[int, ...]) -> None:
-        if page_shape != self.layout.page_shape:
-            raise ValueError(f"a page has shape {page_shape}, expected {self.layout.page_shape}")
-
-    def _write_stacked(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
         src = pages.to(device=self.kv.device, dtype=self.kv.dtype, non_blocking=pages.is_pinned())
-        self.kv.index_copy_(1, idx, src.permute(1, 0, 3, 2, 4, 5))
+        self.kv.index_copy_(1, idx, src.transpose(0, 1))
+
+    def restore_target(self, page_ids: Sequence[int]) -> RestoreTarget:
+        """Memory a restore of ``page_ids`` writes each page's bytes into (tier layout).
+
+        A CPU pool offers the pages' slots themselves — one run of bytes per layer — so a
+        page read from a file lands where attention reads it. A device pool offers one
+        page-locked staging tensor, moved into the slots in one transfer by
+        :meth:`RestoreTarget.commit`.
+        """
+        if self.kv.device.type == "cpu":
+            if self._bytes is None:
+                self._bytes = memoryview(self.kv.view(torch.uint8).numpy()).cast("B")
+            slot = self.page_bytes // self.layout.num_layers
+            stride = self.num_pages * slot  # from one layer's slot of a page to the next's
+            views = [
+                [
+                    self._bytes[pid * slot + layer * stride :][:slot]
+                    for layer in range(self.layout.num_layers)
+                ]
+                for pid in page_ids
+            ]
+            return RestoreTarget(self, page_ids, views, staging=None)
+        staging = torch.empty(
+            (len(page_ids), *self.layout.page_shape),
+            dtype=self.kv.dtype,
+            pin_memory=self.kv.device.type == "cuda",
+        )
+        flat = memoryview(staging.view(torch.uint8).numpy()).cast("B")
+        views = [[flat[i * self.page_bytes :][: self.page_bytes]] for i in range(len(page_ids))]
+        return RestoreTarget(self, page_ids, views, staging=staging)
+
+    def hold_back(self, page_id: int) -> Callable[[], None]:
+        """Keep ``page_id`` out of circulation until the returned callable runs (on any
+        thread): a restore abandoned at its deadline may still be writing into it."""
+        self.held_back += 1
+
+        def give_back() -> None:
+            self._returned.append(page_id)  # deque appends are thread-safe
+            self._given_back.set()
+
+        return give_back
+
+    def wait_given_back(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds for a held-back page to be given back."""
+        self._given_back.wait(timeout)
+        self._given_back.clear()
+
+    def _take_returned(self) -> None:
+        while self._returned:
+            self._free.append(self._returned.popleft())
+            self.held_back -= 1
+
+
+class RestoreTarget:
+    """Where a restore writes pages (see :meth:`KVPool.restore_target`)."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        page_ids: Sequence[int],
+        views: list[list[memoryview]],
+        staging: torch.Tensor | None,
+    ) -> None:
+        self.pool = pool
+        self.page_ids = list(page_ids)
+        #: per page, its memory in payload order
+        self.views = views
+        self._staging = staging
+
+    @property
+    def in_pool(self) -> bool:
+        """Whether the views are the pool's own memory (a late write would corrupt it)."""
+        return self._staging is None
+
+    def commit(self, n: int) -> None:
+        """Make the first ``n`` pages written into the views the pool's pages."""
+        if self._staging is not None and n:
+            self.pool.write_pages(self.page_ids[:n], self._staging[:n])

@@ -4,9 +4,10 @@ The engine calls an :class:`KVOffload` at two points and knows nothing else abou
 
 - when the radix cache evicts pages, it hands them over (token chain + KV) in one batch
   through :meth:`KVOffload.on_evict`;
-- when a request is admitted, after the longest device match, it asks
-  :meth:`KVOffload.load_prefix` for the KV of the pages that follow, writes them into fresh
-  pool pages, inserts them into the radix cache and prefills only the rest.
+- when a request is admitted, after the longest device match, it hands
+  :meth:`KVOffload.load_prefix` the fresh pool pages that follow (as a
+  :class:`~workers.engine.kv_pool.RestoreTarget`); whatever consecutive run of them is
+  restored goes into the radix cache, and only the rest is prefilled.
 
 Namespaces are the requests' cache salts; the implementation folds in the model
 fingerprint and the pool's :class:`~workers.engine.kv_pool.KVLayout` itself (it is given
@@ -21,6 +22,8 @@ from typing import Protocol
 
 import torch
 
+from workers.engine.kv_pool import RestoreTarget
+
 
 @dataclass(frozen=True)
 class EvictedPage:
@@ -29,23 +32,20 @@ class EvictedPage:
     namespace: str
     #: every token from the start of the sequence up to and including this page's tokens
     token_ids: tuple[int, ...]
-    #: this page's KV, ``[layers, 2, page_size, kv_heads, head_dim]`` (a CPU-or-device copy)
+    #: this page's KV, ``[layers, page_size, 2, kv_heads, head_dim]`` (a CPU-or-device copy)
     kv: torch.Tensor
 
 
 @dataclass(frozen=True)
-class LoadedPrefix:
-    """KV of consecutive pages found below the device, starting at the requested page."""
+class Restored:
+    """What a restore put into the target's pages."""
 
-    #: per page ``[layers, 2, page_size, kv_heads, head_dim]``: one stacked tensor, or one
-    #: tensor per page (views of the tiers' buffers, so that no copy is made on the way in)
-    kv: torch.Tensor | Sequence[torch.Tensor]
-    #: per page, the tier it came from: one of ``host``, ``nas``, ``object``
-    tiers: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.kv) != len(self.tiers):
-            raise ValueError(f"{len(self.kv)} pages of KV but {len(self.tiers)} tier names")
+    #: per restored page, from the first on, the tier it came from (``host``, ``nas``,
+    #: ``object``); those pages are in the pool
+    tiers: tuple[str, ...] = ()
+    #: positions of pages (after the restored ones) that an abandoned read may still be
+    #: writing: the pool holds them back, and the request must take fresh pages instead
+    late: frozenset[int] = frozenset()
 
 
 class KVOffload(Protocol):
@@ -56,13 +56,14 @@ class KVOffload(Protocol):
         ...
 
     def load_prefix(
-        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> LoadedPrefix | None:
-        """KV for up to ``max_pages`` pages of ``token_ids`` starting at page ``start_page``.
+        self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
+    ) -> Restored:
+        """Restore pages of ``token_ids`` from page ``start_page`` on into ``target``.
 
-        ``token_ids`` is the whole prompt (keys chain from its first page). Return only a
-        consecutive run beginning exactly at ``start_page``, or None. Called on the scheduler
-        thread at admission: bound the time spent (fetch only when it beats recomputing).
+        ``token_ids`` is the whole prompt (keys chain from its first page); ``target`` has
+        one pool page per page wanted. Only a consecutive run from its first page counts;
+        call ``target.commit(n)`` for it. Called on the scheduler thread at admission:
+        bound the time spent (fetch only when it beats recomputing).
         """
         ...
 
@@ -74,6 +75,6 @@ class NoOffload:
         return None
 
     def load_prefix(
-        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> LoadedPrefix | None:
-        return None
+        self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
+    ) -> Restored:
+        return Restored()

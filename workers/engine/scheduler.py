@@ -32,6 +32,9 @@ from workers.engine.sampling import RequestSampler, sample
 
 log = logging.getLogger(__name__)
 
+#: how long an admission that only held-back pages block waits for them before looking again
+HELD_BACK_WAIT_S = 0.05
+
 
 @dataclass
 class EngineStats:
@@ -198,6 +201,11 @@ class Scheduler:
                 self.cache.unlock(match.node)
                 if self.running:
                     return  # wait for running requests to give pages back
+                if self.pool.held_back:
+                    # pages an abandoned restore still writes will come back: wait a little
+                    # for them (nothing else could run meanwhile), then look again
+                    self.pool.wait_given_back(HELD_BACK_WAIT_S)
+                    return
                 # Alone, everything else evicted, and still no room: it can never run. The
                 # engine refuses such prompts up front; this guards against waiting forever.
                 self.waiting.popleft()
@@ -208,7 +216,10 @@ class Scheduler:
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
             tiers = ["device"] * len(match.pages)
-            tiers += self._load_lower(req, reusable)
+            lower = self._load_lower(req, reusable)
+            if lower is None:
+                return
+            tiers += lower
             req.computed = req.shared * ps
             if not req.admitted_once:
                 req.admitted_once = True
@@ -222,20 +233,32 @@ class Scheduler:
             req.seq = self._seq
             self.running.append(req)
 
-    def _load_lower(self, req: _Request, reusable: int) -> list[str]:
-        """Fill pages after the device match from the lower tiers; returns their tiers."""
+    def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
+        """Fill pages after the device match from the lower tiers; returns their tiers, or
+        None when the request went back to wait (no page to replace a held-back one)."""
         start = req.shared
         if reusable <= start:
             return []
         try:
-            loaded = self.offload.load_prefix(req.namespace, req.tokens, start, reusable - start)
-            if loaded is None or not loaded.tiers:
-                return []
-            n = min(len(loaded.tiers), reusable - start)
-            self.pool.write_pages(req.pages[start : start + n], loaded.kv[:n])
+            target = self.pool.restore_target(req.pages[start:reusable])
+            restored = self.offload.load_prefix(req.namespace, req.tokens, start, target)
         except Exception:
             # A failing lower tier means recomputing those pages, not failing the request.
             log.exception("loading a prefix from the lower tiers failed; recomputing it")
+            return []
+        if restored.late:
+            # an abandoned read may still write these pages: the pool holds them back and
+            # the request takes others (reserved at admission, or evicted for here)
+            held = {req.pages[start + j] for j in restored.late}
+            if not self._reserve(len(held)):
+                req.pages = [p for p in req.pages if p not in held]
+                self._release(req, cache=False)
+                self.waiting.appendleft(req)
+                return None
+            for j in sorted(restored.late):
+                req.pages[start + j] = self.pool.alloc(1)[0]
+        n = len(restored.tiers)
+        if n == 0:
             return []
         node, held = self.cache.insert(
             req.namespace, req.tokens[: (start + n) * self.page_size], req.pages[: start + n]
@@ -245,7 +268,7 @@ class Scheduler:
         if req.prefix is not None:
             self.cache.unlock(req.prefix)
         req.prefix, req.shared = node, start + n
-        return list(loaded.tiers[:n])
+        return list(restored.tiers)
 
     # --- one step ---------------------------------------------------------------------------------
     def _preempt_youngest(self) -> _Request:

@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -23,11 +22,16 @@ import torch
 
 from tiering.codec import Block, make_block
 from tiering.keys import Namespace, page_keys
+from tiering.landing import Landing
 from tiering.store import TieredStore
-from workers.engine.kv_pool import KVLayout
-from workers.engine.offload import EvictedPage, LoadedPrefix
+from workers.engine.kv_pool import KVLayout, RestoreTarget
+from workers.engine.offload import EvictedPage, Restored
 
 log = logging.getLogger(__name__)
+
+#: how long an abandoned restore's reads in flight are waited for before their pages are
+#: held back (a healthy NAS finishes a page read in well under this)
+LATE_GRACE_S = 0.05
 
 _TORCH_DTYPES = {
     "float32": torch.float32,
@@ -121,39 +125,38 @@ class TieredOffload:
         ]
 
     def load_prefix(
-        self, namespace: str, token_ids: Sequence[int], start_page: int, max_pages: int
-    ) -> LoadedPrefix | None:
-        """Fetch up to ``max_pages`` consecutive pages from ``start_page``, within the timeout."""
+        self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
+    ) -> Restored:
+        """Fetch consecutive pages from ``start_page`` into ``target``, within the timeout.
+
+        The pages land in the target's memory straight from the tiers (see
+        :class:`~tiering.landing.Landing`). Whatever happens, no read writes that memory
+        after this returns, except pages reported ``late``, which the pool holds back.
+        """
         ns = self.namespace(namespace)
         ps = self.layout.page_size
         keys = page_keys(
-            ns.digest, token_ids[: (start_page + max_pages) * ps], ps, start=start_page
+            ns.digest, token_ids[: (start_page + len(target.page_ids)) * ps], ps, start=start_page
         )
         if not keys:
-            return None
+            return Restored()
         self._learn_prefill_rate()
-        coro = self.store.fetch(ns.digest, keys, ps, page_bytes=self._page_bytes)
+        landing = Landing(ns.digest, self.layout.dtype, self.layout.page_shape, target.views)
+        coro = self.store.fetch(ns.digest, keys, ps, page_bytes=self._page_bytes, into=landing)
         try:
-            fetched = self._call(coro, self.fetch_timeout_s)
+            tiers = tuple(self._call(coro, self.fetch_timeout_s).tiers)
         except Exception as exc:  # timeout or a bug: recompute
             self.store.failures.record("offload", "load", exc)
-            return None
-        n = 0
-        for block in fetched.blocks:
-            if block.shape != self.layout.page_shape or block.dtype != self.layout.dtype:
-                break  # a page from a different layout cannot be used (and is not ours)
-            n += 1
-        if n == 0:
-            return None
-        dtype = _TORCH_DTYPES[self.layout.dtype]
-        with warnings.catch_warnings():
-            # Host-tier payloads are read-only bytes; the pool only ever reads these views.
-            warnings.filterwarnings("ignore", message=".*not writable", category=UserWarning)
-            pages = [
-                torch.frombuffer(block.payload, dtype=dtype).view(self.layout.page_shape)
-                for block in fetched.blocks[:n]
-            ]
-        return LoadedPrefix(pages, tuple(fetched.tiers[:n]))
+            tiers = ()
+        late: set[int] = set()
+        if target.in_pool:  # a late write into a staging buffer harms nobody
+            late = landing.close(LATE_GRACE_S, lambda i: target.pool.hold_back(target.page_ids[i]))
+        else:
+            landing.close()
+        if late:
+            self.store.failures.record("offload", "late", f"{len(late)} pages still being read")
+        target.commit(len(tiers))
+        return Restored(tiers, frozenset(late))
 
     def _learn_prefill_rate(self) -> None:
         if self._prefill_stats is None:

@@ -1,0 +1,116 @@
+"""A landing: the memory a fetch reads verified pages straight into.
+
+A restore that ends in the engine's pool would otherwise read each page into a tier's
+buffer and copy it from there into the pool; on a CPU pool that copy costs as much memory
+traffic as the read itself. A :class:`Landing` names, for every page of one fetch, the
+writable memory the page must end in — one or more byte views whose concatenation is the
+page's payload — and the namespace, dtype and shape the page must have. Tiers read (or
+copy) into those views and verify the checksum there. A page that fails verification is
+reported as not landed: its memory then holds bytes the caller recomputes over.
+
+Each page is claimed once: whichever tier claims it first writes it, any other is refused.
+
+The fence. A tier's threads may still be reading when the fetch is abandoned at its
+deadline, and the memory belongs to the caller again from then on. Every write happens
+between :meth:`Landing.claim` and :meth:`Landing.release`; once :meth:`Landing.close`
+returns, no claim succeeds, and close says which pages are still being written. The
+caller keeps their memory out of use until the callback it gave close for each of them
+runs (on the writing thread, when that write ends).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from tiering.codec import Block, PageCheck
+
+
+class Landing:
+    """Where each page of one fetch must land, and the fence around writing there."""
+
+    def __init__(
+        self,
+        namespace: bytes,
+        dtype: str,
+        shape: tuple[int, ...],
+        views: Sequence[Sequence[memoryview]],
+    ) -> None:
+        """``views[i]`` is page ``i``'s memory, in payload order (each view cast to bytes)."""
+        #: what every page must be (and the fast check that it is)
+        self.check = PageCheck(namespace, dtype, shape)
+        for i, parts in enumerate(views):
+            size = sum(v.nbytes for v in parts)
+            if size != self.check.payload_bytes:
+                raise ValueError(
+                    f"page {i} lands in {size} bytes, a page has {self.check.payload_bytes}"
+                )
+        self._views = [[v.cast("B") for v in parts] for parts in views]
+        self._lock = threading.Condition(threading.Lock())
+        self._open = True
+        self._claimed: set[int] = set()
+        self._writing: set[int] = set()
+        self._when_done: dict[int, Callable[[], None]] = {}  # late pages' callbacks
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (the fetch was given up)."""
+        return not self._open
+
+    def claim(self, i: int) -> list[memoryview] | None:
+        """Page ``i``'s views to write; None once the landing is closed, or when page ``i``
+        was claimed before (a page is written once, by one tier: two writers could leave
+        a mix of their bytes)."""
+        with self._lock:
+            if not self._open or i in self._claimed:
+                return None
+            self._claimed.add(i)
+            self._writing.add(i)
+        return self._views[i]
+
+    def release(self, i: int) -> None:
+        """The write of page ``i`` (claimed before) is over."""
+        with self._lock:
+            self._writing.discard(i)
+            done = self._when_done.pop(i, None)
+            if not self._open:
+                self._lock.notify_all()  # close() may be waiting
+        if done is not None:
+            done()
+
+    def fill(self, i: int, block: Block) -> bool:
+        """Copy a verified in-memory block into page ``i``; False once closed or if it does
+        not match the landing's namespace, dtype and shape."""
+        c = self.check
+        if (block.namespace, block.dtype, block.shape) != (c.namespace, c.dtype, c.shape):
+            return False
+        parts = self.claim(i)
+        if parts is None:
+            return False
+        try:
+            pos = 0
+            for part in parts:
+                part[:] = block.payload[pos : pos + part.nbytes]
+                pos += part.nbytes
+        finally:
+            self.release(i)
+        return True
+
+    def close(
+        self, grace_s: float = 0.0, hold: Callable[[int], Callable[[], None]] | None = None
+    ) -> set[int]:
+        """Refuse further claims; wait up to ``grace_s`` for writes under way; return the
+        pages still being written after that.
+
+        For each such page ``i``, ``hold(i)`` runs now (keep the memory out of use) and the
+        callable it returns runs when that write ends (the memory may be used again).
+        """
+        with self._lock:
+            self._open = False
+            self._lock.wait_for(lambda: not self._writing, timeout=grace_s)
+            if hold is not None:
+                self._when_done = {i: hold(i) for i in self._writing}
+            return set(self._writing)
