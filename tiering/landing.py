@@ -52,9 +52,6 @@ class Landing:
         self._writing: set[int] = set()
         self._when_done: dict[int, Callable[[], None]] = {}  # late pages' callbacks
 
-    def __len__(self) -> int:
-        return len(self._views)
-
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` has run (the fetch was given up)."""
@@ -82,8 +79,9 @@ class Landing:
             done()
 
     def fill(self, i: int, block: Block) -> bool:
-        """Copy a verified in-memory block into page ``i``; False once closed or if it does
-        not match the landing's namespace, dtype and shape."""
+        """Copy a verified in-memory block into page ``i``; False (nothing written) once
+        closed, when page ``i`` was claimed before, or when the block is not of the
+        landing's namespace, dtype and shape."""
         c = self.check
         if (block.namespace, block.dtype, block.shape) != (c.namespace, c.dtype, c.shape):
             return False
