@@ -76,16 +76,16 @@ def make_block(
     return Block(key, namespace, dtype, tuple(int(s) for s in shape), view)
 
 
+def _head(key: bytes, namespace: bytes, dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """The header's fields: everything before the checksum."""
+    name = dtype.encode("ascii")
+    fixed = _FIXED.pack(MAGIC, VERSION, len(name), len(shape), key, namespace, nbytes)
+    return fixed + b"".join(_U64.pack(s) for s in shape) + name
+
+
 def encode_header(block: Block) -> bytes:
     """The header of ``block``, checksum included; write it followed by ``block.payload``."""
-    dtype = block.dtype.encode("ascii")
-    head = (
-        _FIXED.pack(
-            MAGIC, VERSION, len(dtype), len(block.shape), block.key, block.namespace, block.nbytes
-        )
-        + b"".join(_U64.pack(s) for s in block.shape)
-        + dtype
-    )
+    head = _head(block.key, block.namespace, block.dtype, block.shape, block.nbytes)
     h = xxhash.xxh3_64(head)
     h.update(block.payload)
     return head + _U64.pack(h.intdigest())
@@ -176,11 +176,10 @@ class PageCheck:
 
     def __init__(self, namespace: bytes, dtype: str, shape: tuple[int, ...]) -> None:
         self.namespace, self.dtype, self.shape = namespace, dtype, tuple(shape)
+        if dtype not in DTYPE_SIZES:
+            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPE_SIZES)}")
         self.payload_bytes = math.prod(self.shape) * DTYPE_SIZES[dtype]
-        probe = make_block(
-            bytes(KEY_BYTES), namespace, dtype, self.shape, bytes(self.payload_bytes)
-        )
-        head = encode_header(probe)[:-8]
+        head = _head(bytes(KEY_BYTES), namespace, dtype, self.shape, self.payload_bytes)
         self._before_key = head[:8]
         self._after_key = head[8 + KEY_BYTES :]
         self.header_bytes = len(head) + 8
