@@ -274,7 +274,9 @@ class Scheduler:
     def _preempt_youngest(self) -> _Request:
         victim = max(self.running, key=lambda r: r.seq)
         self.running.remove(victim)
-        self._release(victim, cache=False)
+        # its computed pages go to the radix cache: evictable at once for whoever needs the
+        # room, and on readmission found there (or restored from below) instead of recomputed
+        self._release(victim, cache=True)
         self.waiting.appendleft(victim)
         self.stats.preemptions += 1
         return victim
