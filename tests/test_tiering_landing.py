@@ -26,8 +26,9 @@ def test_a_page_lands_once_and_nothing_lands_after_close() -> None:
     ns = namespace()
     blocks = chain(ns, 4)
     size = blocks[0].nbytes
+    short = Landing(ns.digest, "float16", blocks[0].shape, [[memoryview(bytearray(size - 1))]])
     with pytest.raises(ValueError, match="lands in"):
-        Landing(ns.digest, "float16", blocks[0].shape, [[memoryview(bytearray(size - 1))]])
+        short.claim(0)  # a caller's bug, found before anything is written
     views = _views(4, size, 200)
     landing = Landing(ns.digest, "float16", blocks[0].shape, views)
 

@@ -36,16 +36,15 @@ class Landing:
         shape: tuple[int, ...],
         views: Sequence[Sequence[memoryview]],
     ) -> None:
-        """``views[i]`` is page ``i``'s memory, in payload order (each view cast to bytes)."""
+        """``views[i]`` is page ``i``'s memory, in payload order.
+
+        ``views`` may make each page's views when indexed (a restore of thousands of pages
+        into a layer-major pool would otherwise build tens of thousands of views up front);
+        a page's views are checked when it is claimed.
+        """
         #: what every page must be (and the fast check that it is)
         self.check = PageCheck(namespace, dtype, shape)
-        for i, parts in enumerate(views):
-            size = sum(v.nbytes for v in parts)
-            if size != self.check.payload_bytes:
-                raise ValueError(
-                    f"page {i} lands in {size} bytes, a page has {self.check.payload_bytes}"
-                )
-        self._views = [[v.cast("B") for v in parts] for parts in views]
+        self._views = views
         self._lock = threading.Condition(threading.Lock())
         self._open = True
         self._claimed: set[int] = set()
@@ -61,12 +60,18 @@ class Landing:
         """Page ``i``'s views to write; None once the landing is closed, or when page ``i``
         was claimed before (a page is written once, by one tier: two writers could leave
         a mix of their bytes)."""
+        parts = [v if v.format == "B" and v.ndim == 1 else v.cast("B") for v in self._views[i]]
+        size = sum(v.nbytes for v in parts)
+        if size != self.check.payload_bytes:
+            raise ValueError(
+                f"page {i} lands in {size} bytes, a page has {self.check.payload_bytes}"
+            )
         with self._lock:
             if not self._open or i in self._claimed:
                 return None
             self._claimed.add(i)
             self._writing.add(i)
-        return self._views[i]
+        return parts
 
     def release(self, i: int) -> None:
         """The write of page ``i`` (claimed before) is over."""

@@ -146,23 +146,15 @@ class KVPool:
         if self.kv.device.type == "cpu":
             if self._bytes is None:
                 self._bytes = memoryview(self.kv.view(torch.uint8).numpy()).cast("B")
-            slot = self.page_bytes // self.layout.num_layers
-            stride = self.num_pages * slot  # from one layer's slot of a page to the next's
-            views = [
-                [
-                    self._bytes[pid * slot + layer * stride :][:slot]
-                    for layer in range(self.layout.num_layers)
-                ]
-                for pid in page_ids
-            ]
-            return RestoreTarget(self, page_ids, views, staging=None)
+            return RestoreTarget(self, page_ids, _SlotViews(self, page_ids), staging=None)
         staging = torch.empty(
             (len(page_ids), *self.layout.page_shape),
             dtype=self.kv.dtype,
             pin_memory=self.kv.device.type == "cuda",
         )
         flat = memoryview(staging.view(torch.uint8).numpy()).cast("B")
-        views = [[flat[i * self.page_bytes :][: self.page_bytes]] for i in range(len(page_ids))]
+        pb = self.page_bytes
+        views = [[flat[i * pb : (i + 1) * pb]] for i in range(len(page_ids))]
         return RestoreTarget(self, page_ids, views, staging=staging)
 
     def hold_back(self, page_id: int) -> Callable[[], None]:
@@ -187,6 +179,29 @@ class KVPool:
             self.held_back -= 1
 
 
+class _SlotViews(Sequence[list[memoryview]]):
+    """Per page, the runs of bytes of its slot in a CPU pool (one per layer), made when
+    asked for: a 7k-token restore would otherwise build thousands of views up front."""
+
+    def __init__(self, pool: KVPool, page_ids: Sequence[int]) -> None:
+        assert pool._bytes is not None
+        self._bytes = pool._bytes
+        self._page_ids = list(page_ids)
+        self._slot = pool.page_bytes // pool.layout.num_layers
+        self._stride = pool.num_pages * self._slot  # from a layer's slot to the next layer's
+        self._layers = pool.layout.num_layers
+
+    def __len__(self) -> int:
+        return len(self._page_ids)
+
+    def __getitem__(self, i: int) -> list[memoryview]:  # type: ignore[override]
+        start = self._page_ids[i] * self._slot
+        return [
+            self._bytes[start + layer * self._stride : start + layer * self._stride + self._slot]
+            for layer in range(self._layers)
+        ]
+
+
 class RestoreTarget:
     """Where a restore writes pages (see :meth:`KVPool.restore_target`)."""
 
@@ -194,7 +209,7 @@ class RestoreTarget:
         self,
         pool: KVPool,
         page_ids: Sequence[int],
-        views: list[list[memoryview]],
+        views: Sequence[list[memoryview]],
         staging: torch.Tensor | None,
     ) -> None:
         self.pool = pool
