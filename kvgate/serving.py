@@ -168,6 +168,7 @@ def running_engine(
             yield engine
         finally:
             engine.close()
+            gc.unfreeze()  # back in the collector's sight, for an orderly interpreter exit
     finally:
         if offload is not None:
             offload.close()
