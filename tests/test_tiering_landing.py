@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiering_support import chain, namespace
+from tiering_support import chain, flip_byte, namespace
 
 from tiering.landing import Landing
 from tiering.tiers.nas import NasConfig, NasTier
@@ -63,9 +63,7 @@ async def test_nas_reads_pages_in_place_across_threads_with_misses_and_damage(
     blocks = chain(ns, 10)
     await nas.put_many(blocks[:3] + blocks[4:])  # page 3 is missing
     damaged = nas.path(blocks[5].key)
-    raw = bytearray(damaged.read_bytes())
-    raw[-1] ^= 0x01
-    damaged.write_bytes(raw)
+    flip_byte(damaged)
     truncated = nas.path(blocks[7].key)
     truncated.write_bytes(truncated.read_bytes()[:-1])
     misplaced = nas.path(blocks[8].key)  # a whole, valid block, but of another key

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tiering_support import chain, namespace, object_config
+from tiering_support import chain, flip_byte, namespace, object_config
 
 from kvgate.services.seaweed import S3Endpoint
 from tiering.codec import encode
@@ -94,9 +94,7 @@ async def test_nas_batch_read_keeps_order_across_threads_slabs_misses_and_damage
     blocks = chain(namespace(), 9)
     await nas.put_many(blocks[:3] + blocks[4:])  # page 3 is missing
     damaged = nas.path(blocks[5].key)
-    raw = bytearray(damaged.read_bytes())
-    raw[-1] ^= 0x01
-    damaged.write_bytes(raw)
+    flip_byte(damaged)
     truncated = nas.path(blocks[7].key)
     truncated.write_bytes(b"")
     got = await nas.get_many([b.key for b in blocks])

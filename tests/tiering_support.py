@@ -38,6 +38,13 @@ def chain(ns: Namespace, n_pages: int, *, elems: int = 256, first_token: int = 0
     return blocks
 
 
+def flip_byte(path: Path, at: int = -1) -> None:
+    """Damage the file at ``path``: one bit of byte ``at`` flipped, as storage rot would."""
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x01
+    path.write_bytes(raw)
+
+
 def object_config(endpoint: S3Endpoint, **kw: object) -> ObjectConfig:
     """An object-tier config on the test S3 server, under a prefix unique to the caller."""
     return ObjectConfig(
