@@ -1,13 +1,15 @@
 """``kvgate billing``: send metered usage to Stripe, and check Stripe against our totals.
 
-``report`` is meant to run periodically (cron, a Kubernetes CronJob): it sends every
-closed day's usage not yet acknowledged (under stable identifiers, so overlapping or
-repeated runs never bill twice) and ends grace periods that ran out. ``reconcile`` reads
+``report`` runs periodically (``--every``, as ``kvgate up`` does, or from cron or the
+Kubernetes CronJob in ``infra/``): it sends every closed day's usage not yet acknowledged
+(under stable identifiers, so overlapping or repeated runs never bill twice) and ends
+grace periods that ran out. ``reconcile`` reads
 Stripe's meter summaries back and lists every day on which they differ from ours.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -51,9 +53,49 @@ def billing() -> None:
 
 
 @billing.command("report")
+@click.option(
+    "--every",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="MINUTES",
+    help="Keep running: report again every MINUTES (a failed round is retried by the next). "
+    "Without it, report once and exit.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --every: stop after this many rounds (default: run until stopped).",
+)
 @click.pass_context
-def report_cmd(ctx: click.Context) -> None:
-    """Send closed days' token usage to Stripe Billing Meters; end expired grace periods."""
+def report_cmd(ctx: click.Context, every: float | None, rounds: int | None) -> None:
+    """Send closed days' token usage to Stripe Billing Meters; end expired grace periods.
+
+    Exits non-zero when the last round left usage unsent; each event carries a stable
+    identifier, so a later round resends it without ever billing it twice.
+    """
+    if every is None:
+        if not _report_round(ctx):
+            raise click.ClickException("some usage was not reported; run again to retry it")
+        return
+    click.echo(f"billing: reporting every {every:g} minutes")
+    done = 0
+    while True:
+        try:
+            sent_all = _report_round(ctx)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            click.echo(f"billing: this round failed, the next retries it: {exc}", err=True)
+            sent_all = False
+        done += 1
+        if rounds is not None and done >= rounds:
+            break
+        time.sleep(every * 60)
+    if not sent_all:
+        raise click.ClickException("the last round left usage unsent; the next run retries it")
+
+
+def _report_round(ctx: click.Context) -> bool:
+    """One report; True when nothing was left unsent."""
 
     async def work(conn: asyncpg.Connection, client: stripe.StripeClient) -> Any:
         result = await meters.report(conn, client, datetime.now(UTC))
@@ -67,8 +109,7 @@ def report_cmd(ctx: click.Context) -> None:
     )
     for identifier, error in result.failed.items():
         click.echo(f"  not sent: {identifier}: {error}", err=True)
-    if result.failed:
-        raise click.ClickException("some usage was not reported; run again to retry it")
+    return not result.failed
 
 
 @billing.command("reconcile")

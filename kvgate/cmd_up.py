@@ -38,6 +38,8 @@ def up() -> None:
                   answers
       gateway     `kvgate gateway` on KVGATE_BIND_HOST:KVGATE_GATEWAY_PORT (OpenAI API
                   under /v1), ready when GET /readyz answers
+      billing     only when KVGATE_STRIPE_SECRET_KEY is set: `kvgate billing report
+                  --every 15` sends metered usage to Stripe; ready at its first line
 
     \b
     Each part is waited for by probing it (a query, an S3 call, an HTTP health check,

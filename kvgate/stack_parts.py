@@ -1,8 +1,8 @@
 """The parts of ``kvgate up`` and the explicit list that orders them.
 
 Infrastructure comes first (Postgres, its migrations, the S3 server, the NAS directory);
-the services that use it (gateway, worker, tierd) follow as ``http_service`` lines. Each
-part hands the next ones what they need through environment variables, the same ones a
+the services that use it (tierd, worker, gateway, and the billing reporter when Stripe
+is configured) follow, one line each. Each part hands the next ones what they need through environment variables, the same ones a
 production deployment sets by hand: ``DATABASE_URL``, ``KVGATE_S3_*``, ``KVGATE_NAS_PATH``.
 """
 
@@ -25,6 +25,10 @@ from kvgate.stack import Part, PartError, Ready
 from kvgate.stack_process import Probe, ProcessPart, http_probe, kvgate_argv, log_line_probe
 from migrations import runner
 
+#: minutes between two metered-usage reports of ``kvgate up`` (a day closes ten minutes
+#: after UTC midnight, so usage reaches Stripe within 25 minutes of that)
+BILLING_REPORT_EVERY_MIN = 15
+
 
 def stack_parts(settings: Settings) -> list[Part]:
     """Everything ``kvgate up`` runs, in start order (stopped in reverse)."""
@@ -43,7 +47,18 @@ def stack_parts(settings: Settings) -> list[Part]:
             settings, "worker", registered_worker_argv(settings), settings.worker_port, "/health"
         ),
         http_service(settings, "gateway", kvgate_argv("gateway"), settings.gateway_port, "/readyz"),
+        *billing_parts(settings),
     ]
+
+
+def billing_parts(settings: Settings) -> list[Part]:
+    """The metered-usage reporter, when Stripe is configured (without a key there is
+    nothing to report to): ``kvgate billing report`` every :data:`BILLING_REPORT_EVERY_MIN`
+    minutes, which also ends lapsed grace periods."""
+    if not settings.stripe_secret_key.get_secret_value():
+        return []
+    argv = kvgate_argv("billing", "report", f"--every={BILLING_REPORT_EVERY_MIN:g}")
+    return [logging_service(settings, "billing", argv, r"^billing: .*$")]
 
 
 def registered_worker_argv(settings: Settings) -> list[str]:

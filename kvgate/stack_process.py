@@ -91,6 +91,11 @@ class ProcessPart:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
+    @property
+    def argv(self) -> list[str]:
+        """The command line the child runs."""
+        return list(self._argv)
+
     def start(self, env: Mapping[str, str]) -> None:
         """Spawn the child in its own session with its output appended to the log file."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)

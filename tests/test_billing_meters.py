@@ -257,3 +257,66 @@ def test_reconcile_names_the_missing_meter_setting(
         billing, ["reconcile"], obj={"stripe_http_client": RecordingStripe()}
     )
     assert result.exit_code == 1 and "KVGATE_STRIPE_METER_IDS" in result.output
+
+
+def _team_with_usage(pg_dsn: str) -> int:
+    """A paying team with one closed day of usage on all three meters."""
+
+    async def setup() -> int:
+        pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
+        try:
+            team_id, _, _ = await paying_team(pool, "team", _LONG_AGO)
+            day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=2)
+            await _use(pool, team_id, day, prompt=900, cached=300, out=120)
+            return team_id
+        finally:
+            await pool.close()
+
+    return asyncio.run(setup())
+
+
+def test_report_every_keeps_reporting_and_never_sends_a_day_twice(
+    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
+) -> None:
+    team_id = _team_with_usage(pg_dsn)
+    before = len(stripe_account.calls(EVENT_PATH))
+    obj = {"stripe_http_client": stripe_account}
+    args = ["report", "--every", "0.0001", "--rounds", "2"]
+    result = CliRunner().invoke(billing, args, obj=obj)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("billing: reporting every 0.0001 minutes\n")
+    rounds = [line for line in result.output.splitlines() if line.startswith("sent ")]
+    assert len(rounds) == 2
+    assert "0 failed" in rounds[0] and rounds[1].startswith("sent 0 meter events")
+    mine = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
+    assert sorted(c.params["identifier"].split("-")[2] for c in mine) == [
+        "cached_input_tokens",
+        "input_tokens",
+        "output_tokens",
+    ]
+
+
+def test_report_every_outlives_a_stripe_outage_and_the_next_run_sends_it(
+    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
+) -> None:
+    team_id = _team_with_usage(pg_dsn)
+    before = len(stripe_account.calls(EVENT_PATH))
+    obj = {"stripe_http_client": stripe_account}
+    stripe_account.fail_next[EVENT_PATH] = 10_000
+    try:
+        args = ["report", "--every", "0.0001", "--rounds", "2"]
+        down = CliRunner().invoke(billing, args, obj=obj)
+    finally:
+        stripe_account.fail_next[EVENT_PATH] = 0
+    assert down.exit_code == 1
+    assert "the last round left usage unsent" in down.output
+    # both rounds tried every one of the team's meters (each with stripe-python's retries)
+    tried = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
+    assert {c.status for c in tried} == {500}
+    assert len({c.params["identifier"] for c in tried}) == 3
+    assert len(tried) == 2 * 3 * (1 + BillingConfig().max_network_retries)
+    before = len(stripe_account.calls(EVENT_PATH))
+    up = CliRunner().invoke(billing, ["report"], obj=obj)
+    assert up.exit_code == 0, up.output
+    sent = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
+    assert len(sent) == 3 and {c.status for c in sent} == {200}

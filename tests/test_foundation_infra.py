@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 from pydantic import SecretStr
 
-from kvgate.cli import COMMANDS
+from kvgate.cli import COMMANDS, cli
 from kvgate.settings import Settings
 from kvgate.settings_doc import env_names
 
@@ -34,6 +36,8 @@ def documents() -> list[dict[str, Any]]:
 def containers() -> Iterator[dict[str, Any]]:
     for doc in documents():
         spec = doc.get("spec", {})
+        if doc["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
         pod = spec.get("template", {}).get("spec", {}) if doc["kind"] != "Pod" else spec
         yield from pod.get("containers", [])
 
@@ -76,6 +80,14 @@ def test_every_container_runs_an_existing_command_from_an_image_we_build() -> No
         assert container["image"] in dockerfiles
         assert (INFRA / dockerfiles[container["image"]]).exists()
         assert container["args"][0] in COMMANDS, container["args"]
+        # every word up to the first option names a command or subcommand that exists
+        words = list(itertools.takewhile(lambda a: not a.startswith("-"), container["args"]))
+        command: click.Command = cli
+        for word in words:
+            assert isinstance(command, click.Group), container["args"]
+            found = command.get_command(click.Context(command), word)
+            assert found is not None, f"{container['name']}: no command {word!r}"
+            command = found
 
 
 def test_probes_hit_the_port_the_container_serves_and_the_settings_name() -> None:

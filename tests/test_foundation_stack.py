@@ -27,6 +27,7 @@ from kvgate.stack_parts import (
     PostgresPart,
     http_service,
     logging_service,
+    stack_parts,
 )
 from kvgate.stack_process import ProcessPart, http_probe, kvgate_argv
 from migrations import runner
@@ -204,6 +205,20 @@ def test_nas_that_is_a_regular_file_is_refused_with_what_to_do(tmp_path: Path) -
 def test_kvgate_argv_runs_this_interpreters_cli() -> None:
     out = subprocess.run(kvgate_argv("up", "--help"), capture_output=True, text=True, check=True)
     assert "Usage: python -m kvgate up" in out.stdout
+
+
+def test_the_billing_reporter_runs_exactly_when_stripe_is_configured(tmp_path: Path) -> None:
+    without = stack_parts(_settings(tmp_path))
+    assert "billing" not in [p.name for p in without]
+    settings = Settings(home=tmp_path / "home", stripe_secret_key="sk_test_kvgate")
+    parts = stack_parts(settings)
+    assert [p.name for p in parts][-1] == "billing"  # last up, first stopped
+    billing = parts[-1]
+    assert isinstance(billing, ProcessPart)
+    assert billing.argv[-3:] == ["billing", "report", "--every=15"]
+    # the command line parses: its options exist
+    out = subprocess.run([*billing.argv, "--help"], capture_output=True, text=True, check=True)
+    assert "--every MINUTES" in out.stdout
 
 
 def test_children_get_sigterm_when_the_supervisor_is_killed(tmp_path: Path) -> None:
