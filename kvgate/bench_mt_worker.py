@@ -45,7 +45,8 @@ def main(tiers: str, host: str, port: int) -> None:
     ) as engine:
         info = {"tiers": sorted(chosen), "kv_pool_bytes": options.engine.kv_pool_bytes}
         stats = engine.offload.stats if isinstance(engine.offload, TieredOffload) else None
-        app = create_app(engine, loaded.tokenizer, loaded.chat_template, ServerConfig(info, stats))
+        config = ServerConfig(server_info=info, tier_stats=stats)
+        app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
         uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
