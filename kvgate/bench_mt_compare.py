@@ -13,7 +13,8 @@ Configurations (each on a fresh database, NAS directory and S3 prefix):
 
 Then the no-reuse workload (first turns of fresh conversations only) on two fresh workers,
 one without tiers and one with all of them (no tierd), the price of tiering when it cannot
-help. Both start cold, so neither inherits the other runs' queues or background work.
+help, played interleaved (:mod:`kvgate.bench_mt_noreuse`). Both start cold, so neither
+inherits the other runs' queues or background work.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
+import httpx
 
 from gateway.router import Router
+from kvgate import bench_mt_noreuse as noreuse
 from kvgate import bench_mt_stack as stack
 from kvgate.bench_mt_driver import Plan, Result, Target, run
 from kvgate.bench_mt_metrics import Summary, summarize
@@ -77,11 +80,13 @@ QUICK = Spec(
 #: a working set of about 77,000 tokens: 8.3x its L1. Its L1 holds about three late-turn
 #: histories of the 8 concurrent clients', as a GPU's pool holds its running batch but not
 #: the idle conversations. A run takes about an hour on 2 CPU cores; the first turns (which
-#: no tier can help) are its warm-up.
+#: no tier can help) are its warm-up. Its no-reuse pair plays 7 waves of 8 first turns on
+#: each worker (one warm-up, six measured; an odd count keeps the alternation balanced);
+#: the quick run's plays 3.
 FULL = Spec(
     conversations=24, active=24, clients=8, warmup=24, max_requests=0,
     l1_tokens=9216, small_l2_tokens=2048, small_nas_tokens=8192,
-    restore_lengths=(1000, 4000, 7000), no_reuse_requests=24,
+    restore_lengths=(1000, 4000, 7000), no_reuse_requests=56,
 )  # fmt: skip
 
 
@@ -150,11 +155,8 @@ class Compare:
             shutil.rmtree(site.nas, ignore_errors=True)
         self._sites.clear()
 
-    def plan(self, *, no_reuse: bool = False) -> Plan:
+    def plan(self) -> Plan:
         s = self.spec
-        if no_reuse:
-            # the first round pays each fresh worker's one-off costs: left out
-            return Plan(clients=s.clients, active=s.clients + 1, warmup=s.clients)
         return Plan(s.clients, s.active, s.warmup, s.max_requests)
 
     def run_all(
@@ -166,7 +168,7 @@ class Compare:
         reported with its reason and the others still run, since one run takes many minutes.
         """
         runs: dict[str, ConfigRun] = {}
-        no_reuse: dict[str, Summary] = {}
+        no_reuse: dict[str, dict] = {}
         failures: dict[str, str] = {}
         for name in only:
             click.echo(f"--- {name}", err=True)
@@ -185,18 +187,28 @@ class Compare:
                 f"cached {s.cached_ratio:.0%}, errors {s.errors}",
                 err=True,
             )
-        every_tier = "host,nas,object" if self.svc.s3 is not None else "host,nas"
-        pairs = (("off", ""), ("on", every_tier)) if self.no_reuse else ()
-        for label, tiers in pairs:
-            click.echo(f"--- no reuse, tiering {label}", err=True)
-            site = self.site(f"noreuse_{label}", tier_host_bytes=self.spec.small_l2_tokens * self.kv_bytes)  # fmt: skip
+        if self.no_reuse:
+            click.echo("--- no reuse, tiering off vs on, interleaved", err=True)
             try:
-                with stack.worker(f"noreuse-{label}", tiers, site, self.log_dir / "no-reuse") as url:  # fmt: skip
-                    played = self._play(label, Target(url), self.no_reuse, self.plan(no_reuse=True))
-                    no_reuse[label] = played.summary
-            except (stack.PartError, OSError, RuntimeError) as exc:
-                failures[f"no_reuse_{label}"] = str(exc)
-        return runs, {k: v.as_dict() for k, v in no_reuse.items()}, failures
+                no_reuse = self._no_reuse_pair()
+            except (stack.PartError, OSError, RuntimeError, ValueError, httpx.HTTPError) as exc:
+                failures["no_reuse"] = str(exc)
+                click.echo(f"no reuse failed: {exc}", err=True)
+        return runs, no_reuse, failures
+
+    def _no_reuse_pair(self) -> dict[str, dict]:
+        """Both no-reuse workers side by side, played in interleaved waves (see
+        :mod:`kvgate.bench_mt_noreuse`)."""
+        every_tier = "host,nas,object" if self.svc.s3 is not None else "host,nas"
+        host = self.spec.small_l2_tokens * self.kv_bytes
+        logs = self.log_dir / "no-reuse"
+        with contextlib.ExitStack() as workers:
+            sides = []
+            for label, tiers in (("off", ""), ("on", every_tier)):
+                site = self.site(f"noreuse_{label}", tier_host_bytes=host)
+                url = workers.enter_context(stack.worker(f"noreuse-{label}", tiers, site, logs))
+                sides.append(noreuse.Side(label, url, tiered=bool(tiers)))
+            return noreuse.play((sides[0], sides[1]), self.no_reuse, self.spec.clients)
 
     def _play(
         self,

@@ -77,7 +77,11 @@ def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         "(twice the L1, two engines on the same cores), so its requests/s does not compare "
         "with one worker's; its figure is the cached share of follow-up turns.",
         f"- No reuse: first turns of {spec['no_reuse_requests']} fresh conversations on two "
-        "fresh workers, tiering off vs on (host, NAS, S3, ledger; no tierd). Restore vs "
+        "fresh workers side by side, tiering off vs on (host, NAS, S3, ledger; no tierd), "
+        f"played in waves of {spec['clients']} that alternate between the two (off·on, "
+        "on·off, …; the first wave on each is warm-up); a wave on the tiered worker ends "
+        "when its write-behind has written everything (see `kvgate/bench_mt_noreuse.py`). "
+        "Restore vs "
         "resident: one turn whose history is in L1, L2, L3, L4 or nowhere (see "
         "`kvgate/bench_mt_restore.py`).",
         "",

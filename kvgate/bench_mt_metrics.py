@@ -46,15 +46,17 @@ class Summary:
         return asdict(self)
 
 
-def summarize(results: Sequence[Result]) -> Summary:
+def summarize(results: Sequence[Result], seconds: float | None = None) -> Summary:
     """Statistics of ``results`` without warm-up requests; errors are counted, not timed.
 
     Requests/s is measured requests over the window from the first measured request's
-    start to the last one's end, so the warm-up's tail does not count as idle time.
+    start to the last one's end, so the warm-up's tail does not count as idle time; or over
+    ``seconds`` when given (requests played in separate windows: their total length).
     """
     measured = [r for r in results if not r.warmup]
     ok = [r for r in measured if not r.error]
-    seconds = max(r.start + r.latency for r in ok) - min(r.start for r in ok) if ok else 0.0
+    if seconds is None:
+        seconds = max(r.start + r.latency for r in ok) - min(r.start for r in ok) if ok else 0.0
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     follow = [r for r in ok if r.turn > 0]

@@ -39,6 +39,11 @@ def compare_run(
     only = tuple(c for c in configs.split(",") if c) or CONFIGS
     if unknown := set(only) - set(CONFIGS):
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
+    if spec.no_reuse_requests and spec.no_reuse_requests < 3 * spec.clients:
+        raise click.UsageError(
+            f"--no-reuse-requests {spec.no_reuse_requests} is under 3 waves of {spec.clients} "
+            f"clients; give at least {3 * spec.clients}, or 0 to skip the no-reuse pair"
+        )
     kv = kv_bytes_per_token()
     with_s3 = bool(OBJECT_CONFIGS & set(only))
     # SIGTERM (a time limit, a supervisor) unwinds like Ctrl-C: every worker, Postgres and

@@ -84,7 +84,10 @@ def machine() -> dict[str, object]:
 @click.option("--max-requests", type=int, help="Stop after this many (0: all turns) [default: 0].")
 @click.option("--l1-tokens", type=int, help="With --compare: each worker's device KV pool.")
 @click.option(
-    "--no-reuse-requests", type=int, help="With --compare: no-reuse requests (0 skips that part)."
+    "--no-reuse-requests",
+    type=int,
+    help="With --compare: no-reuse requests, whole waves of --clients, at least 3 "
+    "waves (0 skips that part).",
 )
 @click.option("--think-time", type=float, default=0.0, help="Seconds between a client's turns.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -121,7 +121,10 @@ async def test_full_write_queue_drops_and_counts_instead_of_waiting(parts) -> No
     store.offer(blocks)
     assert store.counters["write_dropped"] == 7
     assert store.host.prefix_now([b.key for b in blocks]) == 10  # serving still has them
+    assert store.stats()["write_queue"] == 3  # the dropped ones are not waited for
     await store.start()
+    await store.drain()
+    assert store.stats()["write_queue"] == 0
     await store.close()
     assert store.counters["written"] == 3
 

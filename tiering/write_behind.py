@@ -40,6 +40,8 @@ class WriteBehind:
         self.counters = counters
         self.failures = failures
         self._queue: asyncio.Queue[Block] = asyncio.Queue(queue_pages)
+        #: pages taken and not yet written (queued, or in the batch being written)
+        self._unwritten = 0
 
     def put(self, blocks: Sequence[Block]) -> None:
         """Queue ``blocks``; those that do not fit are dropped and counted. Never blocks."""
@@ -48,10 +50,13 @@ class WriteBehind:
                 self._queue.put_nowait(block)
             except asyncio.QueueFull:
                 self.counters["write_dropped"] += 1
+            else:
+                self._unwritten += 1
 
     def queued(self) -> int:
-        """Pages waiting to be written."""
-        return self._queue.qsize()
+        """Pages taken and not written yet: waiting, or in the batch being written now (0
+        means the NAS has everything it was given, or its writes failed)."""
+        return self._unwritten
 
     async def drain(self) -> None:
         """Wait until every queued page has been written (or has failed)."""
@@ -66,6 +71,7 @@ class WriteBehind:
             try:
                 await self._write(batch)
             finally:
+                self._unwritten -= len(batch)
                 for _ in batch:
                     self._queue.task_done()
 

@@ -62,6 +62,6 @@ class TierCollector(Collector):
         yield failures
         yield GaugeMetricFamily(
             "kvgate_worker_tier_write_queue_pages",
-            "Evicted pages waiting to be written behind to the NAS.",
+            "Evicted pages not yet written behind to the NAS (queued or being written).",
             value=snapshot.get("write_queue", 0),
         )
