@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import click
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -104,6 +105,11 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
         start = time.perf_counter()
         results[side.label] += asyncio.run(_wave(side, cut[w], warmup=w == 0))
         seconds[side.label].append(time.perf_counter() - start)
+        kind = "warm-up" if w == 0 else "measured"
+        click.echo(
+            f"wave {w + 1}/{len(cut)} on {side.label}: {seconds[side.label][-1]:.1f} s ({kind})",
+            err=True,
+        )
     out = {}
     for s in sides:
         summary: Summary = summarize(results[s.label], seconds=sum(seconds[s.label][1:]))
