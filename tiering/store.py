@@ -1,12 +1,13 @@
 """The tiered store: the ladder below the GPU as one object the engine talks to.
 
 Lookups find the longest contiguous prefix of a key chain across host RAM (L2, in
-memory), then — through one ledger round trip — the NAS (L3) and the object store (L4).
-Fetches read the pages (every block verified by its checksum) under a deadline set by the
-cost model and promote them into L2 — or, given a :class:`~tiering.landing.Landing` (the
-engine's pool pages), put them straight into the caller's memory, the level above L2. Evicted pages enter L2 at once and are written behind
-to the NAS by a background task fed through a bounded queue: when the queue is full the
-write is dropped and counted, so serving never waits on a disk. Every backend failure is
+memory), then — through one ledger round trip — the NAS (L3) and the object store (L4)
+(:mod:`tiering.locate`). Fetches read the pages (every block verified by its checksum)
+under a deadline set by the cost model and promote them into L2 — or, given a
+:class:`~tiering.landing.Landing` (the engine's pool pages), put them straight into the
+caller's memory, the level above L2. Evicted pages enter L2 at once and are written behind
+to the NAS by a background task fed through a bounded queue (:mod:`tiering.write_behind`):
+when the queue is full the write is dropped and counted, so serving never waits on a disk. Every backend failure is
 counted, logged at a bounded rate and becomes a miss — the engine never sees an exception
 from here, it simply recomputes.
 """
@@ -25,6 +26,7 @@ from tiering.cost import CostModel
 from tiering.failures import FailureLog
 from tiering.landing import Landing
 from tiering.ledger import NAS, OBJECT, Ledger
+from tiering.locate import Locator
 from tiering.tiers.base import Tier
 from tiering.tiers.host import HostTier
 from tiering.write_behind import WriteBehind
@@ -106,6 +108,13 @@ class TieredStore:
                 failures=self.failures,
             )
         )
+        self._locator = Locator(
+            host,
+            self.tiers,
+            ledger,
+            timeout_s=self.config.ledger_timeout_s,
+            failures=self.failures,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._prefetches: set[asyncio.Task[Fetched]] = set()
         self._closing = asyncio.Event()
@@ -166,52 +175,9 @@ class TieredStore:
 
     # --- lookup -------------------------------------------------------------------------------
     async def lookup(self, namespace: bytes, keys: Sequence[bytes]) -> list[str]:
-        """The tier holding each page of the longest prefix of ``keys`` found anywhere.
-
-        Lower-tier presence comes from the ledger (or, without one, from the NAS itself);
-        it is a claim that :meth:`fetch` verifies by reading.
-        """
-        n_host = self.host.prefix_now(keys)
-        plan = ["host"] * n_host
-        rest = keys[n_host:]
-        if not rest or len(self.tiers) == 1:
-            return plan
-        lower = await self._lower_prefix(namespace, rest)
-        # host RAM may have dropped pages while the ledger answered; the prefix ends there
-        n_still = self.host.prefix_now(keys[:n_host])
-        if n_still < n_host:
-            return plan[:n_still]
-        for key, tier in zip(rest, lower, strict=False):
-            plan.append("host" if key in self.host else tier)
-        return plan
-
-    async def _lower_prefix(self, namespace: bytes, keys: Sequence[bytes]) -> list[str]:
-        if self.ledger is not None:
-            try:
-                bits = await asyncio.wait_for(
-                    self.ledger.prefix(namespace, keys), self.config.ledger_timeout_s
-                )
-            except Exception as exc:  # Postgres down: fall through to asking the NAS
-                self.failures.record("ledger", "lookup", exc)
-            else:
-                usable = []
-                for b in bits:
-                    if b & NAS and "nas" in self.tiers:
-                        usable.append("nas")
-                    elif b & OBJECT and "object" in self.tiers:
-                        usable.append("object")
-                    else:
-                        break
-                return usable
-        nas = self.tiers.get("nas")
-        if nas is None:
-            return []
-        try:
-            n = await asyncio.wait_for(nas.longest_prefix(keys), self.config.ledger_timeout_s)
-        except Exception as exc:
-            self.failures.record("nas", "lookup", exc)
-            return []
-        return ["nas"] * n
+        """The tier holding each page of the longest prefix of ``keys`` found anywhere
+        (see :class:`~tiering.locate.Locator`); :meth:`fetch` verifies it by reading."""
+        return await self._locator.lookup(namespace, keys)
 
     # --- fetch ----------------------------------------------------------------------------------
     async def fetch(
