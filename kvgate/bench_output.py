@@ -19,7 +19,9 @@ def publish(
     quick: bool,
 ) -> None:
     """Print ``report``; write it to ``out`` (``default_out`` on a full run when unset) and
-    ``figures`` to ``json_path`` when given. A quick run never overwrites the docs by default."""
+    ``figures`` to ``json_path``, or beside the report (``.json``) when it is written: a
+    report never sits next to figures of another run. A quick run never overwrites the
+    docs by default."""
     click.echo(report)
     if out is None and not quick:
         out = default_out
@@ -27,6 +29,7 @@ def publish(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report)
         click.echo(f"wrote {out}", err=True)
+        json_path = json_path or out.with_suffix(".json")
     if json_path is not None:
         json_path.write_text(json.dumps(figures, indent=2))
         click.echo(f"wrote {json_path}", err=True)

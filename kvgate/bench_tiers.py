@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import platform
 import tempfile
 import time
 import uuid
@@ -33,6 +32,7 @@ import click
 import numpy as np
 
 from kvgate.bench_output import publish
+from kvgate.bench_tiers_report import TARGETS, render
 from kvgate.services.postgres import create_pool, database
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, seaweed_s3
 from kvgate.settings import Settings, load_settings
@@ -49,9 +49,6 @@ from tiering.tiers.object import ObjectConfig, ObjectTier
 
 PAGE_SHAPE = (30, 16, 2, 3, 64)
 PAGE_TOKENS = 16
-TARGETS = {"host": 0.8, "nas": 0.7, "object": 0.7}
-UPSERTS_TARGET = 50_000
-LOOKUP_P99_TARGET_MS = 2.0
 #: the NAS tier's threads, and the plain readers' it is compared with
 NAS_THREADS = 8
 
@@ -280,71 +277,6 @@ async def _bench_ledger(ledger: Ledger, plan: Plan) -> dict[str, float]:
     }
 
 
-def verdicts(figures: dict[str, Any]) -> list[tuple[str, bool, str]]:
-    """(target, met, figures) for every target of the tiering issue."""
-    out = [
-        (f"{t} restore >= {r:g} x raw", figures[t]["ratio"] >= r,
-         f"{figures[t]['restore_gbps']:.2f} / {figures[t]['raw_gbps']:.2f} GB/s = {figures[t]['ratio']:.2f}")
-        for t, r in TARGETS.items()
-    ]  # fmt: skip
-    led = figures["ledger"]
-    out.append(
-        (
-            f"ledger >= {UPSERTS_TARGET:,} upserts/s",
-            led["upserts_per_s"] >= UPSERTS_TARGET,
-            f"{led['upserts_per_s']:,.0f}/s",
-        )
-    )
-    out.append((f"256-key lookup p99 <= {LOOKUP_P99_TARGET_MS:g} ms", led["lookup_p99_ms"] <= LOOKUP_P99_TARGET_MS, f"{led['lookup_p99_ms']:.2f} ms"))  # fmt: skip
-    return out
-
-
-def render(figures: dict[str, Any], plan: Plan) -> str:
-    """The Markdown report."""
-    lines = [
-        "# Tier restore speed and ledger throughput",
-        "",
-        f"Measured by `kvgate bench tiers` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{platform.machine()} with {os.cpu_count()} logical CPUs; {plan.pages} pages of "
-        f"{int(np.prod(PAGE_SHAPE)) * 2 // 1024} KiB per tier, best of {plan.reps} alternating runs.",
-        "",
-        "Restore = the tiered store's fetch (ledger lookup, read, checksum) with every page "
-        "ending in a destination buffer, as restored pages end in the engine's pool: the NAS "
-        "reads each page straight into it and verifies it there, host RAM and S3 bodies are "
-        "copied into it; raw = the same bytes from the same device at the same concurrency "
-        "(memcpy; plain file reads; plain S3 GETs). The NAS here is a local directory, hot in "
-        "the page cache.",
-        "",
-        f"Load average (1 min) {figures['run']['loadavg_before']:.1f} before and "
-        f"{figures['run']['loadavg_after']:.1f} after the run on {os.cpu_count()} CPUs. With "
-        "more runnable processes than CPUs, latencies (the ledger p99 above all) measure "
-        "queueing for a CPU as much as the code.",
-        "",
-        "| tier | restore GB/s | raw GB/s | ratio |",
-        "|---|---:|---:|---:|",
-        *(
-            f"| {t} | {figures[t]['restore_gbps']:.2f} | {figures[t]['raw_gbps']:.2f} | {figures[t]['ratio']:.2f} |"
-            for t in TARGETS
-        ),
-        "",
-        "Like for like, with the raw reads also copied into the destination that restore "
-        f"ends with: NAS raw {figures['nas']['raw_into_gbps']:.2f} GB/s, restore "
-        f"{figures['nas']['ratio_like_for_like']:.2f} x that; object raw "
-        f"{figures['object']['raw_into_gbps']:.2f} GB/s, restore "
-        f"{figures['object']['ratio_like_for_like']:.2f} x.",
-        "",
-        f"Ledger: {figures['ledger']['upserts_per_s']:,.0f} upserts/s (batches of 4096, 4 writers); "
-        f"256-key prefix lookup p50 {figures['ledger']['lookup_p50_ms']:.2f} ms, "
-        f"p99 {figures['ledger']['lookup_p99_ms']:.2f} ms.",
-        "",
-        "| target | met | figures |",
-        "|---|---|---|",
-        *(f"| {t} | {'yes' if m else 'NO'} | {d} |" for t, m, d in verdicts(figures)),
-        "",
-    ]
-    return "\n".join(lines)
-
-
 @contextlib.contextmanager
 def _backends(settings: Settings, scratch: Path) -> Iterator[tuple[str, ObjectConfig]]:
     """The configured Postgres and S3, or local ones started for this run."""
@@ -406,7 +338,7 @@ def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
         "loadavg_after": os.getloadavg()[0],
     }
     publish(
-        render(figures, plan),
+        render(figures, page_bytes=int(np.prod(PAGE_SHAPE)) * 2),
         figures,
         out=out,
         json_path=json_path,
