@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import inbound, proxy
+from gateway.admission import DEGRADED, Decision, rate_headers, refusal_message
 from gateway.auth import Authenticator, Principal
 from gateway.breaker import Breaker
 from gateway.client_ip import client_ip
@@ -33,7 +34,7 @@ from gateway.config import GatewayConfig
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
 from gateway.directory import Directory
 from gateway.errors import ApiError
-from gateway.limits import DEGRADED, Decision, Limiter, rate_headers
+from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import document
@@ -178,7 +179,7 @@ class Gateway:
             return call.finish_error(
                 ApiError(
                     429,
-                    _refusal(decision, who),
+                    refusal_message(decision, who.plan, anonymous=who.anonymous),
                     code=decision.reason,
                     headers=headers,
                 )
@@ -344,19 +345,6 @@ class _Call:
         gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
         gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
         gw.limiter.release(self.decision.lease)
-
-
-def _refusal(decision: Decision, who: Principal) -> str:
-    plan = who.plan
-    what = {
-        "requests_per_min": f"{plan.requests_per_min} requests per minute",
-        "tokens_per_min": f"{plan.tokens_per_min} tokens per minute",
-        "tokens_per_day": f"{plan.tokens_per_day} tokens per day (resets at 00:00 UTC)",
-        "max_concurrent": f"{plan.max_concurrent} concurrent requests",
-        "pool_capacity": "the free tier's share of capacity, which is in use",
-    }.get(decision.reason or "", decision.reason or "a limit")
-    hint = " Use an API key for higher limits." if who.anonymous else ""
-    return f"Rate limit reached: {what} on plan {plan.name!r}.{hint}"
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -15,46 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
-from dataclasses import dataclass
 
 import asyncpg
 
-from gateway.accounts import Plan
+from gateway.admission import Decision
 from gateway.auth import Principal
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
+from gateway.limits_local import LEASE_PREFIX, LocalLimits
 
 log = logging.getLogger(__name__)
 
-#: Reasons a request is refused (``Decision.reason``).
-DAILY = "tokens_per_day"
-FREE_POOL = "pool_capacity"
-#: Reason on an admission made without Postgres (fail open, see :meth:`Limiter.admit`).
-DEGRADED = "degraded"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The outcome of one admission, with what the rate-limit headers report."""
-
-    allowed: bool
-    reason: str | None
-    retry_after_ms: int
-    req_remaining: int
-    req_reset_ms: int
-    tok_remaining: int
-    tok_reset_ms: int
-    day_remaining: int
-    lease: str | None
-
 
 class Limiter:
-    """Admits or refuses requests against their plan, using the shared Postgres."""
+    """Admits or refuses requests against their plan, using the shared Postgres (and this
+    replica's own count while Postgres is unavailable)."""
 
-    def __init__(self, pool: asyncpg.Pool, lease_s: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, lease_s: float, local: LocalLimits | None = None
+    ) -> None:
         self._pool = pool
         self._lease_ms = int(lease_s * 1000)
+        self._local = LocalLimits(lease_s)
         self._ended: list[str] = []
         self._wake = asyncio.Event()
 
@@ -62,9 +44,11 @@ class Limiter:
         """Decide for one request reserving ``cost`` tokens.
 
         ``free_slots`` caps in-flight free-tier requests across all replicas. When
-        Postgres is unavailable the request is admitted without a lease (reason
-        ``degraded``): refusing paying traffic during a database blip costs more than a
-        few seconds of unenforced limits.
+        Postgres is unavailable this replica decides alone (:mod:`gateway.limits_local`):
+        per-minute rates, concurrency and the free share hold per replica, and an admission
+        says ``degraded``. Refusing paying traffic during a database blip would cost more
+        than a few minutes of limits that are per replica; admitting everyone would open
+        the free endpoint to anyone meanwhile.
         """
         lease = uuid.uuid4().hex
         plan = who.plan
@@ -84,17 +68,7 @@ class Limiter:
                 timeout=HOT_TIMEOUT_S,
             )
         except UNAVAILABLE:
-            return Decision(
-                True,
-                DEGRADED,
-                0,
-                plan.requests_per_min,
-                0,
-                plan.tokens_per_min,
-                0,
-                plan.tokens_per_day,
-                None,
-            )
+            return self._local.admit(who, cost, free_slots)
         assert row is not None
         return Decision(
             row["allowed"],
@@ -110,9 +84,13 @@ class Limiter:
 
     def release(self, lease: str | None) -> None:
         """End a lease. Never waits: :meth:`run` deletes ended leases in batches."""
-        if lease is not None:
-            self._ended.append(lease)
-            self._wake.set()
+        if lease is None:
+            return
+        if lease.startswith(LEASE_PREFIX):
+            self._local.release(lease)
+            return
+        self._ended.append(lease)
+        self._wake.set()
 
     async def run(self) -> None:
         """Delete ended leases forever, one statement for all that ended meanwhile.
@@ -138,34 +116,3 @@ class Limiter:
             )
         except Exception as exc:  # any failure: the leases expire on their own
             log.warning("%d leases not released (they will expire): %r", len(batch), exc)
-
-
-def rate_headers(plan: Plan, decision: Decision | None) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` headers (limits only when no decision was made yet)."""
-    headers = {
-        "x-ratelimit-limit-requests": str(plan.requests_per_min),
-        "x-ratelimit-limit-tokens": str(plan.tokens_per_min),
-    }
-    if decision is None:
-        return headers
-    headers["x-ratelimit-remaining-requests"] = str(decision.req_remaining)
-    headers["x-ratelimit-reset-requests"] = duration(decision.req_reset_ms)
-    headers["x-ratelimit-remaining-tokens"] = str(decision.tok_remaining)
-    headers["x-ratelimit-reset-tokens"] = duration(decision.tok_reset_ms)
-    if not decision.allowed:
-        headers["retry-after"] = str(max(1, math.ceil(decision.retry_after_ms / 1000)))
-        headers["retry-after-ms"] = str(decision.retry_after_ms)
-        if decision.reason == DAILY:
-            headers["x-should-retry"] = "false"
-    return headers
-
-
-def duration(ms: int) -> str:
-    """Milliseconds in OpenAI's header style: ``20ms``, ``1.5s``, ``6m0s``."""
-    if ms < 1000:
-        return f"{max(ms, 0)}ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:g}s"
-    minutes, rest = divmod(seconds, 60)
-    return f"{int(minutes)}m{rest:g}s"

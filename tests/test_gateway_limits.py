@@ -9,8 +9,9 @@ import asyncpg
 from gateway_support import apoll
 
 from gateway.accounts import Plan
+from gateway.admission import DAILY, FREE_POOL, duration, rate_headers
 from gateway.auth import Principal
-from gateway.limits import DAILY, FREE_POOL, Limiter, duration, rate_headers
+from gateway.limits import Limiter
 
 
 def _who(plan: Plan, *, anonymous: bool = False) -> Principal:
