@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
+from workers.engine import scheduler as scheduler_module
 from workers.engine.kv_pool import KVPool, PoolExhausted, RestoreTarget
 from workers.engine.offload import EvictedPage, Restored
 from workers.engine.radix import RadixCache
@@ -74,6 +75,26 @@ def test_held_back_pages_return_only_when_given_back() -> None:
     assert pages[0] not in pool.alloc(3)
     give_back()  # as the late reader's thread would
     assert pool.alloc(1) == [pages[0]] and pool.held_back == 0
+
+
+async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A tier read that never returns keeps its pages held back forever: the request that
+    needs them is refused after the give-up time instead of waiting for ever."""
+    monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
+    engine = tiny_engine(MODEL, pages=8)  # 8 pages of 16 tokens
+    try:
+        held = engine.pool.alloc(4)  # the engine is idle: nothing else touches the pool
+        give_back = [engine.pool.hold_back(page) for page in held]
+        prompt = [(7 * i) % 200 + 3 for i in range(100)]  # 7 pages with its answer: 4 free
+        refused = await run(engine, "stuck", prompt, greedy(4))
+        assert tokens(refused) == [] and refused[-1].finish_reason == "length"
+        for back in give_back:
+            back()
+        served = await run(engine, "later", prompt, greedy(4))
+        assert len(tokens(served)) == 4 and served[-1].finish_reason == "length"
+        assert engine.pool.held_back == 0
+    finally:
+        engine.close()
 
 
 def test_radix_match_lock_and_lru_eviction_with_hook() -> None:

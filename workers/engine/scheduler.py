@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: how long an admission that only held-back pages block waits for them before looking again
 HELD_BACK_WAIT_S = 0.05
+#: how long admission waits in all for held-back pages (a tier read that never returns, a
+#: hung NFS mount) before it refuses the request that needs them instead of waiting forever
+HELD_BACK_GIVE_UP_S = 30.0
 
 
 @dataclass
@@ -103,6 +106,8 @@ class Scheduler:
         self.running: list[_Request] = []
         self.stats = EngineStats()
         self._seq = 0
+        #: when admission began waiting for held-back pages (None: it is not waiting)
+        self._held_since: float | None = None
 
     # --- requests in and out --------------------------------------------------------------------
     def add(self, request: GenerateRequest) -> None:
@@ -200,18 +205,21 @@ class Scheduler:
             if not self._reserve(need + len(self.running)):
                 self.cache.unlock(match.node)
                 if self.running:
+                    self._held_since = None
                     return  # wait for running requests to give pages back
-                if self.pool.held_back:
+                if self.pool.held_back and not self._waited_out_held_back():
                     # pages an abandoned restore still writes will come back: wait a little
                     # for them (nothing else could run meanwhile), then look again
                     self.pool.wait_given_back(HELD_BACK_WAIT_S)
                     return
                 # Alone, everything else evicted, and still no room: it can never run. The
                 # engine refuses such prompts up front; this guards against waiting forever.
+                self._held_since = None
                 self.waiting.popleft()
                 self.stats.finished_requests += 1
                 self._emit(req, [], "length")
                 continue
+            self._held_since = None
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
@@ -232,6 +240,21 @@ class Scheduler:
             self._seq += 1
             req.seq = self._seq
             self.running.append(req)
+
+    def _waited_out_held_back(self) -> bool:
+        """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages."""
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since < HELD_BACK_GIVE_UP_S:
+            return False
+        log.warning(
+            "%d pool pages are still held by tier reads after %.0f s; the request that needs "
+            "them is refused",
+            self.pool.held_back,
+            now - self._held_since,
+        )
+        return True
 
     def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
         """Fill pages after the device match from the lower tiers; returns their tiers, or
