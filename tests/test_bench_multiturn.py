@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from bench_support import tiny_site
 from click.testing import CliRunner
 
 from gateway.router import Router
@@ -24,7 +25,6 @@ from kvgate.bench_mt_workload import WORDS, Shape, conversations, single_history
 from kvgate.bench_multiturn import machine, multiturn
 from protocol.registry import WorkerInfo
 from workers.engine.tokenizer import load_tokenizer
-from workers.engine.weights import tiny_random
 
 SMALL = Shape(
     common_prefix=64,
@@ -194,19 +194,8 @@ def test_alternating_sessions_send_each_turn_to_the_other_worker() -> None:
 def test_driver_plays_every_turn_with_real_answers_round_robin(
     tmp_path: Path, smollm2_gguf: Path
 ) -> None:
-    config, _ = tiny_random()
-    kv = config.kv_bytes_per_token(4)
-    site = stack.Site(
-        dsn="",
-        nas=tmp_path,
-        s3_prefix="",
-        env={
-            "KVGATE_HOME": str(smollm2_gguf.parent.parent),  # the test cache's models
-            "KVGATE_WORKER_MODEL": "tiny-random",
-            "KVGATE_WORKER_KV_POOL_BYTES": str(40 * 16 * kv),  # 640 tokens: L1 must evict
-            "KVGATE_TIER_HOST_BYTES": str(1 << 30),
-        },
-    )
+    # an L1 of 640 tokens: it must evict
+    site = tiny_site(tmp_path, smollm2_gguf, pool_tokens=640, KVGATE_TIER_HOST_BYTES=str(1 << 30))
     convs = conversations(6, SMALL, seed=5)
     with stack.worker("tiny", "host", site, tmp_path / "logs") as url:
         results = asyncio.run(
@@ -240,10 +229,7 @@ def test_driver_plays_every_turn_with_real_answers_round_robin(
 
 
 def test_cli_drives_a_url_and_writes_json(tmp_path: Path, smollm2_gguf: Path) -> None:
-    site = stack.Site(
-        dsn="", nas=tmp_path, s3_prefix="",
-        env={"KVGATE_HOME": str(smollm2_gguf.parent.parent), "KVGATE_WORKER_MODEL": "tiny-random"},
-    )  # fmt: skip
+    site = tiny_site(tmp_path, smollm2_gguf)
     out = tmp_path / "run.json"
     with stack.worker("tiny", "", site, tmp_path / "logs") as url:
         result = CliRunner().invoke(

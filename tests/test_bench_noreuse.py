@@ -7,12 +7,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench_support import tiny_site
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate import bench_mt_stack as stack
 from kvgate.bench_mt_noreuse import Side, order, play, waves, write_queue
 from kvgate.bench_mt_workload import Shape, conversations
-from workers.engine.weights import tiny_random
 
 FIRST_TURNS = Shape(
     common_prefix=48,
@@ -66,19 +66,12 @@ def _store_events(url: str) -> dict[str, float]:
 def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
     tmp_path: Path, smollm2_gguf: Path
 ) -> None:
-    config, _ = tiny_random()
-    kv = config.kv_bytes_per_token(4)
-    env = {
-        "KVGATE_HOME": str(smollm2_gguf.parent.parent),  # the test cache's models
-        "KVGATE_WORKER_MODEL": "tiny-random",
-        "KVGATE_WORKER_KV_POOL_BYTES": str(24 * 16 * kv),  # 384 tokens: L1 must evict
-        "KVGATE_TIER_HOST_BYTES": str(1 << 30),
-    }
     convs = conversations(6, FIRST_TURNS, seed=3)
     logs = tmp_path / "logs"
-    off_site = stack.Site(dsn="", nas=tmp_path / "nas-off", s3_prefix="", env=env)
-    on_env = env | {"KVGATE_NAS_PATH": str(tmp_path / "nas-on")}
-    on_site = stack.Site(dsn="", nas=tmp_path / "nas-on", s3_prefix="", env=on_env)
+    host = {"KVGATE_TIER_HOST_BYTES": str(1 << 30)}
+    # an L1 of 384 tokens: it must evict
+    off_site = tiny_site(tmp_path / "nas-off", smollm2_gguf, pool_tokens=384, **host)
+    on_site = tiny_site(tmp_path / "nas-on", smollm2_gguf, pool_tokens=384, **host)
     with (
         stack.worker("off", "", off_site, logs) as off_url,
         stack.worker("on", "host,nas", on_site, logs) as on_url,

@@ -205,20 +205,26 @@ def billing_env(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
-    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
-) -> None:
+def _team_with_usage(pg_dsn: str, days_ago: int, prompt: int, cached: int, out: int) -> int:
+    """A paying team with usage on all three meters ``days_ago`` closed days back."""
+
     async def setup() -> int:
         pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
         try:
             team_id, _, _ = await paying_team(pool, "team", _LONG_AGO)
-            day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=1)
-            await _use(pool, team_id, day, prompt=1000, cached=600, out=250)
+            day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=days_ago)
+            await _use(pool, team_id, day, prompt=prompt, cached=cached, out=out)
             return team_id
         finally:
             await pool.close()
 
-    team_id = asyncio.run(setup())
+    return asyncio.run(setup())
+
+
+def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
+    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
+) -> None:
+    team_id = _team_with_usage(pg_dsn, days_ago=1, prompt=1000, cached=600, out=250)
     stripe_account.fail_next[EVENT_PATH] = 1
     runner = CliRunner()
     obj = {"stripe_http_client": stripe_account}
@@ -259,26 +265,10 @@ def test_reconcile_names_the_missing_meter_setting(
     assert result.exit_code == 1 and "KVGATE_STRIPE_METER_IDS" in result.output
 
 
-def _team_with_usage(pg_dsn: str) -> int:
-    """A paying team with one closed day of usage on all three meters."""
-
-    async def setup() -> int:
-        pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
-        try:
-            team_id, _, _ = await paying_team(pool, "team", _LONG_AGO)
-            day = meters.last_closed_day(datetime.now(UTC)) - timedelta(days=2)
-            await _use(pool, team_id, day, prompt=900, cached=300, out=120)
-            return team_id
-        finally:
-            await pool.close()
-
-    return asyncio.run(setup())
-
-
 def test_report_every_keeps_reporting_and_never_sends_a_day_twice(
     pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
 ) -> None:
-    team_id = _team_with_usage(pg_dsn)
+    team_id = _team_with_usage(pg_dsn, days_ago=2, prompt=900, cached=300, out=120)
     before = len(stripe_account.calls(EVENT_PATH))
     obj = {"stripe_http_client": stripe_account}
     args = ["report", "--every", "0.0001", "--rounds", "2"]
@@ -299,7 +289,7 @@ def test_report_every_keeps_reporting_and_never_sends_a_day_twice(
 def test_report_every_outlives_a_stripe_outage_and_the_next_run_sends_it(
     pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
 ) -> None:
-    team_id = _team_with_usage(pg_dsn)
+    team_id = _team_with_usage(pg_dsn, days_ago=2, prompt=900, cached=300, out=120)
     before = len(stripe_account.calls(EVENT_PATH))
     obj = {"stripe_http_client": stripe_account}
     stripe_account.fail_next[EVENT_PATH] = 10_000
