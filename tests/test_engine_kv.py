@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -78,19 +80,27 @@ def test_held_back_pages_return_only_when_given_back() -> None:
 
 
 async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A tier read that never returns keeps its pages held back forever: the request that
-    needs them is refused after the give-up time instead of waiting for ever."""
+    """A tier read that never returns keeps its pages held back: the request that needs
+    them is refused after the give-up time instead of waiting for ever, the next one at
+    once while the same pages are still out, and requests run again once they are back."""
     monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
     engine = tiny_engine(MODEL, pages=8)  # 8 pages of 16 tokens
     try:
         held = engine.pool.alloc(4)  # the engine is idle: nothing else touches the pool
         give_back = [engine.pool.hold_back(page) for page in held]
         prompt = [(7 * i) % 200 + 3 for i in range(100)]  # 7 pages with its answer: 4 free
-        refused = await run(engine, "stuck", prompt, greedy(4))
+        start = time.monotonic()
+        refused = await asyncio.wait_for(run(engine, "stuck", prompt, greedy(4)), 30)
+        waited = time.monotonic() - start
         assert tokens(refused) == [] and refused[-1].finish_reason == "length"
+        assert waited >= 0.3  # it did wait for the pages first
+        # a wait now would never end: the next request must be refused without one
+        monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 1e9)
+        again = await asyncio.wait_for(run(engine, "stuck-too", prompt, greedy(4)), 30)
+        assert tokens(again) == []
         for back in give_back:
             back()
-        served = await run(engine, "later", prompt, greedy(4))
+        served = await asyncio.wait_for(run(engine, "later", prompt, greedy(4)), 30)
         assert len(tokens(served)) == 4 and served[-1].finish_reason == "length"
         assert engine.pool.held_back == 0
     finally:

@@ -106,8 +106,11 @@ class Scheduler:
         self.running: list[_Request] = []
         self.stats = EngineStats()
         self._seq = 0
-        #: when admission began waiting for held-back pages (None: it is not waiting)
-        self._held_since: float | None = None
+        #: the request admission waits for held-back pages for, and since when
+        self._held_wait: tuple[str, float] | None = None
+        #: how many pages were held back when admission last gave up on them: while that
+        #: many still are, the next request that needs them is refused without a wait
+        self._held_given_up: int | None = None
 
     # --- requests in and out --------------------------------------------------------------------
     def add(self, request: GenerateRequest) -> None:
@@ -205,21 +208,20 @@ class Scheduler:
             if not self._reserve(need + len(self.running)):
                 self.cache.unlock(match.node)
                 if self.running:
-                    self._held_since = None
                     return  # wait for running requests to give pages back
-                if self.pool.held_back and not self._waited_out_held_back():
+                if self.pool.held_back and not self._waited_out_held_back(req):
                     # pages an abandoned restore still writes will come back: wait a little
                     # for them (nothing else could run meanwhile), then look again
                     self.pool.wait_given_back(HELD_BACK_WAIT_S)
                     return
                 # Alone, everything else evicted, and still no room: it can never run. The
                 # engine refuses such prompts up front; this guards against waiting forever.
-                self._held_since = None
+                self._held_wait = None
                 self.waiting.popleft()
                 self.stats.finished_requests += 1
                 self._emit(req, [], "length")
                 continue
-            self._held_since = None
+            self._held_wait = None
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
@@ -241,19 +243,24 @@ class Scheduler:
             req.seq = self._seq
             self.running.append(req)
 
-    def _waited_out_held_back(self) -> bool:
-        """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages."""
+    def _waited_out_held_back(self, req: _Request) -> bool:
+        """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages
+        on ``req``'s behalf, or at once while the pages it gave up on are still out."""
+        if self._held_given_up == self.pool.held_back:
+            return True  # the same pages are still out: waiting again brings nothing back
         now = time.monotonic()
-        if self._held_since is None:
-            self._held_since = now
-        if now - self._held_since < HELD_BACK_GIVE_UP_S:
+        if self._held_wait is None or self._held_wait[0] != req.rid:
+            self._held_wait = (req.rid, now)  # a new head of the queue starts its own wait
+        waited = now - self._held_wait[1]
+        if waited < HELD_BACK_GIVE_UP_S:
             return False
         log.warning(
-            "%d pool pages are still held by tier reads after %.0f s; the request that needs "
-            "them is refused",
+            "%d pool pages are still held by tier reads after %.0f s; requests that need "
+            "them are refused until they come back",
             self.pool.held_back,
-            now - self._held_since,
+            waited,
         )
+        self._held_given_up = self.pool.held_back
         return True
 
     def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
