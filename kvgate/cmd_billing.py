@@ -75,6 +75,8 @@ def report_cmd(ctx: click.Context, every: float | None, rounds: int | None) -> N
     identifier, so a later round resends it without ever billing it twice.
     """
     if every is None:
+        if rounds is not None:
+            raise click.UsageError("--rounds counts the rounds of --every; give --every too")
         if not _report_round(ctx):
             raise click.ClickException("some usage was not reported; run again to retry it")
         return
@@ -83,8 +85,10 @@ def report_cmd(ctx: click.Context, every: float | None, rounds: int | None) -> N
     while True:
         try:
             sent_all = _report_round(ctx)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            click.echo(f"billing: this round failed, the next retries it: {exc}", err=True)
+        except click.ClickException:
+            raise  # a setting to fix (Stripe not configured): no later round can do better
+        except Exception as exc:  # the database, the network, a bug: the next round retries
+            click.echo(f"billing: this round failed, the next retries it: {exc!r}", err=True)
             sent_all = False
         done += 1
         if rounds is not None and done >= rounds:

@@ -310,3 +310,10 @@ def test_report_every_outlives_a_stripe_outage_and_the_next_run_sends_it(
     assert up.exit_code == 0, up.output
     sent = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
     assert len(sent) == 3 and {c.status for c in sent} == {200}
+
+
+def test_rounds_without_every_is_refused_before_anything_is_sent(billing_env: None) -> None:
+    result = CliRunner().invoke(
+        billing, ["report", "--rounds", "2"], obj={"stripe_http_client": RecordingStripe()}
+    )
+    assert result.exit_code == 2 and "give --every too" in result.output

@@ -207,7 +207,10 @@ def test_kvgate_argv_runs_this_interpreters_cli() -> None:
     assert "Usage: python -m kvgate up" in out.stdout
 
 
-def test_the_billing_reporter_runs_exactly_when_stripe_is_configured(tmp_path: Path) -> None:
+def test_the_billing_reporter_runs_exactly_when_stripe_is_configured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KVGATE_STRIPE_SECRET_KEY", raising=False)
     without = stack_parts(_settings(tmp_path))
     assert "billing" not in [p.name for p in without]
     settings = Settings(home=tmp_path / "home", stripe_secret_key="sk_test_kvgate")
