@@ -31,9 +31,7 @@ class Limiter:
     """Admits or refuses requests against their plan, using the shared Postgres (and this
     replica's own count while Postgres is unavailable)."""
 
-    def __init__(
-        self, pool: asyncpg.Pool, lease_s: float, local: LocalLimits | None = None
-    ) -> None:
+    def __init__(self, pool: asyncpg.Pool, lease_s: float) -> None:
         self._pool = pool
         self._lease_ms = int(lease_s * 1000)
         self._local = LocalLimits(lease_s)

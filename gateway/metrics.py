@@ -56,7 +56,7 @@ class GatewayMetrics:
         )
         self.degraded = Counter(
             "kvgate_gateway_degraded",
-            "Decisions made without Postgres (limits counted by this replica alone), by what.",
+            "Admissions made without Postgres (limits counted by this replica alone), by what.",
             ["what"],
             registry=r,
         )
