@@ -19,9 +19,9 @@ def publish(
     quick: bool,
 ) -> None:
     """Print ``report``; write it to ``out`` (``default_out`` on a full run when unset) and
-    ``figures`` to ``json_path``, or beside the report (``.json``) when it is written: a
-    report never sits next to figures of another run. A quick run never overwrites the
-    docs by default."""
+    ``figures`` to ``json_path``, or, when that is not given, beside the written report
+    (same name, ``.json``), so that a report in the docs has its own run's figures next to
+    it. A quick run never overwrites the docs by default."""
     click.echo(report)
     if out is None and not quick:
         out = default_out

@@ -182,7 +182,10 @@ def render(f: dict[str, Any]) -> str:
 @click.command()
 @click.option("--quick", is_flag=True, help="32 pages, 3 repetitions (under a minute).")
 @click.option(
-    "--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON."
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    help="Write the figures as JSON here (a written report gets them beside it anyway).",
 )
 @click.option(
     "--out", type=click.Path(path_type=Path), default=None,

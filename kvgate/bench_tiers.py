@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import platform
 import tempfile
 import time
 import uuid
@@ -311,7 +312,10 @@ def _backends(settings: Settings, scratch: Path) -> Iterator[tuple[str, ObjectCo
     "--quick", is_flag=True, help="64 pages per tier, fewer repetitions (under a minute)."
 )
 @click.option(
-    "--json", "json_path", type=click.Path(path_type=Path), help="Write the figures as JSON."
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    help="Write the figures as JSON here (a written report gets them beside it anyway).",
 )
 @click.option(
     "--out", type=click.Path(path_type=Path), default=None,
@@ -331,6 +335,8 @@ def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
             )
     # the machine may be shared: say how busy it was, the figures mean little without it
     figures["run"] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": platform.machine(),
         "pages": plan.pages,
         "reps": plan.reps,
         "cpus": os.cpu_count(),

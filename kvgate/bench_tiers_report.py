@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
-import time
 from typing import Any
 
 #: restore speed over raw speed, per tier
@@ -38,8 +35,8 @@ def render(figures: dict[str, Any], *, page_bytes: int) -> str:
     lines = [
         "# Tier restore speed and ledger throughput",
         "",
-        f"Measured by `kvgate bench tiers` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{platform.machine()} with {os.cpu_count()} logical CPUs; {run['pages']} pages of "
+        f"Measured by `kvgate bench tiers` on {run['when']}, "
+        f"{run['machine']} with {run['cpus']} logical CPUs; {run['pages']} pages of "
         f"{page_bytes // 1024} KiB per tier, best of {run['reps']} alternating runs.",
         "",
         "Restore = the tiered store's fetch (ledger lookup, read, checksum) with every page "
@@ -50,7 +47,7 @@ def render(figures: dict[str, Any], *, page_bytes: int) -> str:
         "the page cache.",
         "",
         f"Load average (1 min) {run['loadavg_before']:.1f} before and "
-        f"{run['loadavg_after']:.1f} after the run on {os.cpu_count()} CPUs. With "
+        f"{run['loadavg_after']:.1f} after the run on {run['cpus']} CPUs. With "
         "more runnable processes than CPUs, latencies (the ledger p99 above all) measure "
         "queueing for a CPU as much as the code.",
         "",
