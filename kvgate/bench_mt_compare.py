@@ -48,6 +48,9 @@ OBJECT_CONFIGS = frozenset({"object", "gateway_shared"})
 #: host RAM of the ``host`` configuration, as a multiple of the working set's KV
 HOST_ALL_SLACK = 1.25
 GATEWAY_WORKERS = ("bench-a", "bench-b")
+#: per request of a no-reuse wave, tokens beyond its words: the chat template's role
+#: markers, the last partial page, the page of headroom admission keeps per request
+NO_REUSE_SLACK_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,9 @@ class Compare:
         return total
 
     def site(self, name: str, **settings: object) -> stack.Site:
-        """A fresh site whose workers have the run's L1 pool."""
-        site = stack.new_site(
-            self.svc, name, worker_kv_pool_bytes=self.spec.l1_tokens * self.kv_bytes, **settings
-        )
+        """A fresh site whose workers have the run's L1 pool (unless ``settings`` say)."""
+        pool = {"worker_kv_pool_bytes": self.spec.l1_tokens * self.kv_bytes}
+        site = stack.new_site(self.svc, name, **(pool | settings))
         self._sites.append(site)
         return site
 
@@ -196,16 +198,34 @@ class Compare:
                 click.echo(f"no reuse failed: {exc}", err=True)
         return runs, no_reuse, failures
 
+    def no_reuse_l1_tokens(self) -> int:
+        """An L1 that holds the largest wave of the no-reuse pair whole.
+
+        With less, a wave's requests preempt one another, and a preempted request's pages
+        come back from host RAM when tiering is on but are recomputed when it is off: the
+        pair would measure that help, not the price of tiering when it cannot help. Older
+        waves' pages are still evicted (and, with tiering, written down) to make room.
+        """
+        waves = noreuse.waves(self.no_reuse, self.spec.clients)
+        return max(
+            sum(len(c.system.split()) + len(c.turns[0].user.split()) + c.turns[0].answer_tokens
+                + NO_REUSE_SLACK_TOKENS for c in wave)
+            for wave in waves
+        )  # fmt: skip
+
     def _no_reuse_pair(self) -> dict[str, dict]:
         """Both no-reuse workers side by side, played in interleaved waves (see
         :mod:`kvgate.bench_mt_noreuse`)."""
         every_tier = "host,nas,object" if self.svc.s3 is not None else "host,nas"
-        host = self.spec.small_l2_tokens * self.kv_bytes
+        sizes = {
+            "tier_host_bytes": self.spec.small_l2_tokens * self.kv_bytes,
+            "worker_kv_pool_bytes": self.no_reuse_l1_tokens() * self.kv_bytes,
+        }
         logs = self.log_dir / "no-reuse"
         with contextlib.ExitStack() as workers:
             sides = []
             for label, tiers in (("off", ""), ("on", every_tier)):
-                site = self.site(f"noreuse_{label}", tier_host_bytes=host)
+                site = self.site(f"noreuse_{label}", **sizes)
                 url = workers.enter_context(stack.worker(f"noreuse-{label}", tiers, site, logs))
                 sides.append(noreuse.Side(label, url, tiered=bool(tiers)))
             return noreuse.play((sides[0], sides[1]), self.no_reuse, self.spec.clients)

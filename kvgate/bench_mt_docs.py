@@ -80,8 +80,15 @@ def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         "fresh workers side by side, tiering off vs on (host, NAS, S3, ledger; no tierd), "
         f"played in waves of {spec['clients']} that alternate between the two (off·on, "
         "on·off, …; the first wave on each is warm-up); a wave on the tiered worker ends "
-        "when its write-behind has written everything (see `kvgate/bench_mt_noreuse.py`). "
-        "Restore vs "
+        "when its write-behind has written everything (see `kvgate/bench_mt_noreuse.py`)"
+        + (
+            f"; their L1 holds the largest wave ({data['no_reuse_l1_tokens']} tokens), so that "
+            "no request is preempted and comes back from host RAM, which would be tiering "
+            "helping"
+            if "no_reuse_l1_tokens" in data
+            else ""
+        )
+        + ". Restore vs "
         "resident: one turn whose history is in L1, L2, L3, L4 or nowhere (see "
         "`kvgate/bench_mt_restore.py`).",
         "",

@@ -9,7 +9,10 @@ client, each wave on one worker while the other idles, in the order off·on, on�
 alike: two runs one after the other measured that drift as much as the cost. A wave on a
 tiered worker ends only once its write-behind has written every page it was given, so the
 worker pays for the background work its wave caused. The first wave on each is warm-up.
-Requests/s of a side is its measured requests over the sum of its waves' seconds.
+Requests/s of a side is its measured requests over the sum of its waves' seconds. The
+caller sizes both workers' L1 to hold a whole wave: with less, a preempted request's pages
+would come back from host RAM with tiering on and be recomputed with it off, and the pair
+would measure that help instead of the cost.
 """
 
 from __future__ import annotations
@@ -44,15 +47,24 @@ class Side:
     tiered: bool
 
 
-def waves(convs: Sequence[Conversation], clients: int) -> list[list[Conversation]]:
-    """``convs`` cut into waves of ``clients`` (a last, partial wave is dropped: it would
-    run with fewer requests in flight than the others). The first wave is the warm-up."""
-    n = len(convs) // clients
-    if n < 3:
+def wave_count(requests: int, clients: int) -> int:
+    """The number of waves ``requests`` make; ValueError unless they are whole waves of
+    ``clients``, an odd number of them, at least 3: one warm-up, then an even number
+    measured, so that each side goes first as often as second."""
+    n, rest = divmod(requests, clients)
+    if rest or n < 3 or n % 2 == 0:
         raise ValueError(
-            f"the no-reuse pair needs at least 3 waves of {clients} requests (one warm-up, "
-            f"two measured); got {len(convs)} requests"
+            f"the no-reuse pair plays whole waves of {clients} requests, an odd number of "
+            f"them and at least 3 (one warm-up, then pairs); {requests} requests make "
+            f"{requests / clients:g}: give {clients * 3}, {clients * 5}, {clients * 7}, …"
         )
+    return n
+
+
+def waves(convs: Sequence[Conversation], clients: int) -> list[list[Conversation]]:
+    """``convs`` cut into waves of ``clients`` (see :func:`wave_count`); the first is the
+    warm-up."""
+    n = wave_count(len(convs), clients)
     return [list(convs[i * clients : (i + 1) * clients]) for i in range(n)]
 
 

@@ -16,6 +16,7 @@ import click
 from kvgate import bench_mt_restore, bench_mt_stack
 from kvgate.bench_mt_compare import CONFIGS, FULL, OBJECT_CONFIGS, QUICK, Compare
 from kvgate.bench_mt_docs import write_docs
+from kvgate.bench_mt_noreuse import wave_count
 from kvgate.bench_mt_report import markdown_table, physics, plots, verdicts
 from kvgate.bench_mt_workload import Shape
 from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir, served_model
@@ -39,11 +40,11 @@ def compare_run(
     only = tuple(c for c in configs.split(",") if c) or CONFIGS
     if unknown := set(only) - set(CONFIGS):
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
-    if spec.no_reuse_requests and spec.no_reuse_requests < 3 * spec.clients:
-        raise click.UsageError(
-            f"--no-reuse-requests {spec.no_reuse_requests} is under 3 waves of {spec.clients} "
-            f"clients; give at least {3 * spec.clients}, or 0 to skip the no-reuse pair"
-        )
+    if spec.no_reuse_requests:
+        try:
+            wave_count(spec.no_reuse_requests, spec.clients)
+        except ValueError as exc:
+            raise click.UsageError(f"--no-reuse-requests: {exc}; or 0 to skip it") from exc
     kv = kv_bytes_per_token()
     with_s3 = bool(OBJECT_CONFIGS & set(only))
     # SIGTERM (a time limit, a supervisor) unwinds like Ctrl-C: every worker, Postgres and
@@ -70,6 +71,8 @@ def compare_run(
         data["configs"] = {name: r.summary.as_dict() for name, r in runs.items()}
         data["config_seconds"] = {name: r.seconds for name, r in runs.items()}
         data["no_reuse"] = no_reuse
+        if spec.no_reuse_requests:
+            data["no_reuse_l1_tokens"] = compare.no_reuse_l1_tokens()
         click.echo("--- restore vs resident", err=True)
         try:
             restore = bench_mt_restore.measure(svc, spec.restore_lengths, kv, seed, root / "logs")

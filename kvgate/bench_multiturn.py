@@ -86,8 +86,8 @@ def machine() -> dict[str, object]:
 @click.option(
     "--no-reuse-requests",
     type=int,
-    help="With --compare: no-reuse requests, whole waves of --clients, at least 3 "
-    "waves (0 skips that part).",
+    help="With --compare: no-reuse requests, an odd number (3 or more) of whole waves of "
+    "--clients (0 skips that part).",
 )
 @click.option("--think-time", type=float, default=0.0, help="Seconds between a client's turns.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -10,8 +10,9 @@ import pytest
 from bench_support import tiny_site
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvgate import bench_mt_noreuse as noreuse
 from kvgate import bench_mt_stack as stack
-from kvgate.bench_mt_noreuse import Side, order, play, waves, write_queue
+from kvgate.bench_mt_noreuse import Side, order, play, wave_count, waves, write_queue
 from kvgate.bench_mt_workload import Shape, conversations
 
 FIRST_TURNS = Shape(
@@ -24,13 +25,15 @@ FIRST_TURNS = Shape(
 )
 
 
-def test_waves_are_whole_and_at_least_three() -> None:
-    convs = conversations(7, FIRST_TURNS, seed=1)
-    cut = waves(convs, 2)
-    assert [len(w) for w in cut] == [2, 2, 2]  # the seventh would make a wave of one
+def test_waves_are_whole_odd_in_number_and_at_least_three() -> None:
+    convs = conversations(10, FIRST_TURNS, seed=1)
+    cut = waves(convs[:6], 2)
+    assert [len(w) for w in cut] == [2, 2, 2]
     assert [c.cid for w in cut for c in w] == [c.cid for c in convs[:6]]
-    with pytest.raises(ValueError, match="at least 3 waves of 4"):
-        waves(convs, 4)
+    assert wave_count(10, 2) == 5
+    for requests, clients in ((7, 2), (4, 2), (8, 2), (2, 2)):  # a part, too few, even
+        with pytest.raises(ValueError, match="give 6, 10, 14"):
+            wave_count(requests, clients)
 
 
 def test_order_alternates_which_side_goes_first() -> None:
@@ -64,8 +67,18 @@ def _store_events(url: str) -> dict[str, float]:
 
 
 def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
-    tmp_path: Path, smollm2_gguf: Path
+    tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    drained = noreuse._drained
+    after_drain: list[tuple[str, float]] = []
+
+    async def recorded(url: str) -> None:  # the real wait, then what the worker says
+        await drained(url)
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"{url}/metrics")).text
+        after_drain.append((url, write_queue(text)))
+
+    monkeypatch.setattr(noreuse, "_drained", recorded)
     convs = conversations(6, FIRST_TURNS, seed=3)
     logs = tmp_path / "logs"
     host = {"KVGATE_TIER_HOST_BYTES": str(1 << 30)}
@@ -87,5 +100,7 @@ def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
         assert s["rps"] == pytest.approx(4 / s["seconds"])
         assert s["cached_by_tier"].get("host", 0) == 0 and s["cached_by_tier"].get("nas", 0) == 0
     assert on_events.get("written", 0) > 0  # evicted pages went down to the NAS
-    assert queue_after == 0  # and every wave waited for them
+    # every wave on the tiered worker, and only there, ended once they were all written
+    assert after_drain == [(on_url, 0)] * 3
+    assert queue_after == 0
     assert any((tmp_path / "nas-on").rglob("*.kvb"))
