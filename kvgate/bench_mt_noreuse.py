@@ -119,7 +119,7 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
         seconds[side.label].append(time.perf_counter() - start)
         kind = "warm-up" if w == 0 else "measured"
         click.echo(
-            f"wave {w + 1}/{len(cut)} on {side.label}: {seconds[side.label][-1]:.1f} s ({kind})",
+            f"wave {w + 1}/{len(cut)}, tiering {side.label}: {seconds[side.label][-1]:.1f} s ({kind})",
             err=True,
         )
     out = {}
