@@ -119,7 +119,12 @@ class LocalLimits:
         return len(self._leases)
 
     def _lapse(self, now: float) -> None:
-        for lease in [k for k, (_, _, until) in self._leases.items() if until <= now]:
+        # leases are kept in the order they were given, which is the order they lapse in
+        # (one lease time, a monotonic clock): only the oldest few are ever looked at
+        while self._leases:
+            lease, (_, _, until) = next(iter(self._leases.items()))
+            if until > now:
+                return
             self.release(lease)
 
     def _remember(self, subject: str, rates: _Rates, now: float) -> None:

@@ -135,13 +135,7 @@ class Compare:
                 ready.append(conv)
             elif pending:
                 ready.append(pending.popleft())
-        total = 0
-        for conv in self.workload:
-            turns = conv.turns[: reached.get(conv.cid, 0)]
-            if turns:
-                total += len(conv.system.split())
-                total += sum(len(t.user.split()) + t.answer_tokens for t in turns)
-        return total
+        return sum(c.tokens(reached[c.cid]) for c in self.workload if c.cid in reached)
 
     def site(self, name: str, **settings: object) -> stack.Site:
         """A fresh site whose workers have the run's L1 pool (unless ``settings`` say)."""
@@ -207,11 +201,7 @@ class Compare:
         waves' pages are still evicted (and, with tiering, written down) to make room.
         """
         waves = noreuse.waves(self.no_reuse, self.spec.clients)
-        return max(
-            sum(len(c.system.split()) + len(c.turns[0].user.split()) + c.turns[0].answer_tokens
-                + NO_REUSE_SLACK_TOKENS for c in wave)
-            for wave in waves
-        )  # fmt: skip
+        return max(sum(c.tokens(1) + NO_REUSE_SLACK_TOKENS for c in wave) for wave in waves)
 
     def _no_reuse_pair(self) -> dict[str, dict]:
         """Both no-reuse workers side by side, played in interleaved waves (see

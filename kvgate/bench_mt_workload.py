@@ -73,6 +73,12 @@ class Conversation:
     #: tokens of the unique first-turn document (for reports)
     unique_tokens: int = 0
 
+    def tokens(self, turns: int) -> int:
+        """KV tokens of its first ``turns`` turns, answers at their asked length (every word
+        is one token; the chat template's few role tokens are left out)."""
+        played = self.turns[:turns]
+        return len(self.system.split()) + sum(len(t.user.split()) + t.answer_tokens for t in played)
+
 
 def words(rng: random.Random, n: int) -> str:
     """``n`` words (``n`` SmolLM2 tokens) of deterministic filler text."""

@@ -3,8 +3,8 @@
 ``report`` runs periodically (``--every``, as ``kvgate up`` does, or from cron or the
 Kubernetes CronJob in ``infra/``): it sends every closed day's usage not yet acknowledged
 (under stable identifiers, so overlapping or repeated runs never bill twice) and ends
-grace periods that ran out. ``reconcile`` reads
-Stripe's meter summaries back and lists every day on which they differ from ours.
+grace periods that ran out. ``reconcile`` reads Stripe's meter summaries back and lists
+every day on which they differ from ours.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Infrastructure comes first (Postgres, its migrations, the S3 server, the NAS directory);
 the services that use it (tierd, worker, gateway, and the billing reporter when Stripe
-is configured) follow, one line each. Each part hands the next ones what they need through environment variables, the same ones a
-production deployment sets by hand: ``DATABASE_URL``, ``KVGATE_S3_*``, ``KVGATE_NAS_PATH``.
+is configured) follow, one line each. Each part hands the next ones what they need
+through environment variables, the same ones a production deployment sets by hand:
+``DATABASE_URL``, ``KVGATE_S3_*``, ``KVGATE_NAS_PATH``.
 """
 
 from __future__ import annotations

@@ -216,12 +216,10 @@ class Scheduler:
                     return
                 # Alone, everything else evicted, and still no room: it can never run. The
                 # engine refuses such prompts up front; this guards against waiting forever.
-                self._held_wait = None
                 self.waiting.popleft()
                 self.stats.finished_requests += 1
                 self._emit(req, [], "length")
                 continue
-            self._held_wait = None
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
