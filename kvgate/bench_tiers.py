@@ -219,9 +219,9 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
 
         async def get(key: bytes) -> memoryview:
             async with sem:
-                resp = await obj._client.get_object(Bucket=s3.bucket, Key=obj.object_name(key))
-                async with resp["Body"] as body:
-                    return memoryview(await body.read())[header:]
+                body = await obj.reader.get(obj.object_name(key))
+                assert body is not None, "an object just written is missing"
+                return memoryview(body)[header:]
 
         async def plain_gets() -> list[memoryview]:
             return await asyncio.gather(*(get(b.key) for b in blocks))

@@ -92,3 +92,12 @@ async def test_throttling_beyond_the_retry_budget_is_a_tier_error(s3_server, pro
         with pytest.raises(TierError, match=r"SlowDown|503"):
             await tier.get_many([chain(namespace(), 1)[0].key])
     assert throttle.seen == 2
+
+
+async def test_a_refused_read_is_not_retried_and_names_s3s_error_code(s3_server, proxy) -> None:
+    throttle, url = proxy
+    cfg = replace(object_config(s3_server, max_attempts=4), endpoint_url=url, secret_key="wrong")
+    async with ObjectTier(cfg) as tier:
+        with pytest.raises(TierError, match=r"GET .* HTTP 403 \(SignatureDoesNotMatch\)"):
+            await tier.get_many([chain(namespace(), 1)[0].key])
+    assert throttle.seen == 1  # a refusal is an answer: no second try

@@ -1,10 +1,12 @@
-"""L4: an S3-compatible object store through ``aioboto3``.
+"""L4: an S3-compatible object store: GETs through :mod:`tiering.tiers.s3_reader`, the rest
+through ``aioboto3``.
 
 Object names start with the first hex digits of the key (``<prefix><abc>/<key hex>.kvb``):
 keys are hashes, so this spreads requests evenly over 4096 prefixes and stays under S3's
 per-prefix request-rate limits. Concurrency is bounded by a semaphore (and a matching
 connection pool). Throttling, 5xx and connection errors are retried with exponential
-backoff by botocore's ``standard`` retry mode; connect and read timeouts bound each try.
+backoff (botocore's ``standard`` retry mode, and the reader's own loop that mirrors it);
+connect and read timeouts bound each try.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.codec import Block, CorruptBlock, decode, encode
 from tiering.landing import Landing
 from tiering.tiers.base import TierError, TierStats, land_by_copy
+from tiering.tiers.s3_reader import S3Reader, S3ReadError
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
 _TRANSPORT_ERRORS = (BotoCoreError, OSError, TimeoutError)
@@ -69,6 +72,7 @@ class ObjectTier:
         self._sem = asyncio.Semaphore(config.max_concurrency)
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
+        self.reader = S3Reader(config)
         self._stats = TierStats(self.name)
 
     async def start(self) -> ObjectTier:
@@ -89,6 +93,8 @@ class ObjectTier:
             self._client = await self._stack.enter_async_context(
                 session.client("s3", endpoint_url=c.endpoint_url, config=boto_cfg)
             )
+            await self.reader.start()
+            self._stack.push_async_callback(self.reader.close)
         return self
 
     async def close(self) -> None:
@@ -126,15 +132,11 @@ class ObjectTier:
         name = self.object_name(key)
         async with self._sem:
             try:
-                resp = await self._client.get_object(Bucket=self.config.bucket, Key=name)
-                async with resp["Body"] as body:
-                    data = await body.read()
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in _MISSING:
-                    return None
+                data = await self.reader.get(name)
+            except S3ReadError as exc:
                 raise self._fail("GET", exc) from exc
-            except _TRANSPORT_ERRORS as exc:
-                raise self._fail("GET", exc) from exc
+        if data is None:
+            return None
         try:
             return decode(data, expect_key=key)
         except CorruptBlock:
