@@ -8,9 +8,11 @@ from typing import Any
 from kvgate.bench_mt_report import (
     LINK_EFFICIENCY,
     PREFILL_MFU,
+    RESTORE_FIGURES,
     RTX4090_FLOPS,
     fmt_rate,
     markdown_table,
+    restore_shortfall,
 )
 
 
@@ -82,12 +84,14 @@ def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         "on·off, …; the first wave on each is warm-up); a wave on the tiered worker ends "
         "when its write-behind has written everything (see `kvgate/bench_mt_noreuse.py`)"
         + (
-            f"; their L1 holds the largest wave ({data['no_reuse_l1_tokens']} tokens), so that "
+            f"; both L1s hold the largest wave ({data['no_reuse_l1_tokens']} tokens), so that "
             "no request is preempted and comes back from host RAM, which would be tiering "
             "helping"
             if "no_reuse_l1_tokens" in data
             else ""
         )
+        + ". `no_reuse_overhead` is the median over the measured waves of each wave's own "
+        "1 − (seconds off ÷ seconds on), which one wave stalled by the machine cannot move"
         + ". Restore vs "
         "resident: one turn whose history is in L1, L2, L3, L4 or nowhere (see "
         "`kvgate/bench_mt_restore.py`).",
@@ -184,10 +188,22 @@ def findings(data: dict[str, Any]) -> list[str]:
                 "large models): see the physics, and the GPU section, where a fast prefill "
                 "beat the restore path."
             )
+    pair = data.get("no_reuse", {})
+    if all("wave_seconds" in pair.get(side, {}) for side in ("off", "on")):
+        waves = "; ".join(
+            f"{side} " + ", ".join(f"{x:.1f}" for x in pair[side]["wave_seconds"])
+            for side in ("off", "on")
+        )
+        out.append(f"- No reuse, seconds per wave (warm-up first): {waves}.")
     for key, v in data.get("targets", {}).items():
         if not v["met"]:
             value = "not measured" if v["value"] is None else f"{v['value']:.3f}"
-            why = f" ({v['why']})" if v.get("why") else ""
+            why = v.get("why") or (
+                restore_shortfall(data, key)
+                if key in RESTORE_FIGURES and v["value"] is not None
+                else ""
+            )
+            why = f" ({why})" if why else ""
             out.append(f"- `{key}` missed: {value} against {v['target']}{why}.")
     if data.get("failures"):
         out += [f"- `{k}` could not run: {why}" for k, why in data["failures"].items()]

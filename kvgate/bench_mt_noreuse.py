@@ -9,7 +9,9 @@ client, each wave on one worker while the other idles, in the order offÂ·on, onÂ
 alike: two runs one after the other measured that drift as much as the cost. A wave on a
 tiered worker ends only once its write-behind has written every page it was given, so the
 worker pays for the background work its wave caused. The first wave on each is warm-up.
-Requests/s of a side is its measured requests over the sum of its waves' seconds. The
+Requests/s of a side is its measured requests over the sum of its waves' seconds; the
+overhead figure is the median over waves of each wave's own on/off ratio (see
+:mod:`kvgate.bench_mt_report`), which one stalled wave cannot move. The
 caller sizes both workers' L1 to hold a whole wave: with less, a preempted request's pages
 would come back from host RAM with tiering on and be recomputed with it off, and the pair
 would measure that help instead of the cost.

@@ -8,6 +8,7 @@ measured here are the published properties of hardware this machine does not hav
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,15 @@ def _cfg(d: dict, name: str, key: str) -> float:
     return d["configs"][name][key]
 
 
+def _no_reuse_overhead(d: dict) -> float:
+    """1 - requests/s on / off as the median over the measured waves of each wave's own
+    ``1 - off seconds / on seconds``: a wave plays the same requests on both sides, so one
+    wave stalled by the machine (51 s against 27-36 s for the others, seen here) moves a
+    sum of seconds by a tenth but leaves this median where the other waves put it."""
+    on, off = (d["no_reuse"][side]["wave_seconds"][1:] for side in ("on", "off"))
+    return statistics.median(1 - f / n for n, f in zip(on, off, strict=True))
+
+
 def _restore(d: dict, source: str) -> float:
     samples = d["restore"][str(RESTORE_HISTORY)]
     return samples[source]["ttft"] / samples["resident"]["ttft"]
@@ -67,12 +77,31 @@ TARGETS: tuple[Target, ...] = (
            lambda d: _restore(d, "nas")),
     Target("object_vs_resident_ttft", "TTFT at 4k history: from L4 / resident in L1", "<=", 3,
            lambda d: _restore(d, "object")),
-    Target("no_reuse_overhead", "1 - requests/s with tiering on / off, no reuse", "<=", 0.02,
-           lambda d: 1 - d["no_reuse"]["on"]["rps"] / d["no_reuse"]["off"]["rps"]),
+    Target("no_reuse_overhead", "1 - requests/s with tiering on / off, no reuse (median "
+           "over paired waves)", "<=", 0.02, _no_reuse_overhead),
     Target("cross_worker_cached_ratio", "cached / prompt tokens of follow-up turns in "
            "gateway_shared", ">=", 0.8,
            lambda d: _cfg(d, "gateway_shared", "followup_cached_ratio")),
 )  # fmt: skip
+
+
+#: the restore figures and the tier each one measures
+RESTORE_FIGURES = {"nas_vs_resident_ttft": "nas", "object_vs_resident_ttft": "object"}
+
+
+def restore_shortfall(data: dict, key: str) -> str:
+    """Why restore figure ``key`` missed: the bandwidth its bound needed, and the measured."""
+    tier = RESTORE_FIGURES[key]
+    bound = next(t.bound for t in TARGETS if t.key == key)
+    samples = data["restore"][str(RESTORE_HISTORY)]
+    resident = samples["resident"]["ttft"]
+    moved = samples[tier]["cached_by_tier"].get(tier, 0) * data["kv_bytes_per_token"]
+    allowed = (bound - 1) * resident
+    got = moved / max(samples[tier]["ttft"] - resident, 1e-9)
+    return (
+        f"{moved / 1e6:.0f} MB of KV had {allowed:.3f} s over the resident turn, "
+        f"{fmt_rate(moved / allowed)}; `{tier}` delivered {fmt_rate(got)}"
+    )
 
 
 def verdicts(data: dict) -> dict[str, dict[str, Any]]:

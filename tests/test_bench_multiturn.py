@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from gateway.router import Router
 from kvgate import bench_mt_stack as stack
 from kvgate.bench_mt_compare import QUICK, alternating_sessions
-from kvgate.bench_mt_docs import render
+from kvgate.bench_mt_docs import findings, render
 from kvgate.bench_mt_driver import Plan, Result, Target, run
 from kvgate.bench_mt_metrics import percentile, summarize
 from kvgate.bench_mt_report import TARGETS, markdown_table, physics, verdicts
@@ -121,7 +121,10 @@ def _figures(**overrides: object) -> dict:
             "nas": config,
             "gateway_shared": config,
         },
-        "no_reuse": {"on": {"rps": 0.99}, "off": {"rps": 1.0}},
+        "no_reuse": {
+            "on": {"rps": 0.99, "wave_seconds": [60.0, 10.0, 20.0, 30.0]},
+            "off": {"rps": 1.0, "wave_seconds": [50.0, 9.9, 19.8, 29.7]},
+        },
         "restore": {
             "4000": {
                 "resident": {**sample, "ttft": 0.2},
@@ -151,6 +154,30 @@ def test_verdicts_compute_each_acceptance_figure_from_the_run() -> None:
     met = {k: x["met"] for k, x in v.items()}
     assert met == {k: k != "object_vs_resident_ttft" for k in met}
     assert all({"value", "target", "met", "meaning"} <= set(x) for x in v.values())
+
+
+def test_no_reuse_overhead_is_the_median_of_paired_waves_not_moved_by_one_stall() -> None:
+    # wave 2 stalled on the untiered side: summed seconds would say tiering is 30% faster
+    pair = {
+        "on": {"wave_seconds": [99.0, 10.0, 10.0, 10.0, 10.0, 10.0]},
+        "off": {"wave_seconds": [1.0, 9.9, 25.0, 9.8, 9.9, 9.7]},
+    }
+    v = verdicts(_figures(no_reuse=pair))["no_reuse_overhead"]
+    assert v["value"] == pytest.approx(0.01)  # the median of 0.01, -1.5, 0.02, 0.01, 0.03
+    assert v["met"] is True
+    lines = findings({"spec": {}, "no_reuse": pair})
+    assert "- No reuse, seconds per wave (warm-up first): off 1.0, 9.9, 25.0" in lines[0]
+
+
+def test_a_missed_restore_figure_names_the_bandwidth_it_needed_and_the_one_measured() -> None:
+    data = _figures(spec={})
+    data["targets"] = verdicts(data)
+    (line,) = [x for x in findings(data) if "object_vs_resident_ttft" in x]
+    # 4096 tokens x 46080 B = 189 MB; <= 3 allows 2 x 0.2 s; it took 0.9 - 0.2 s
+    assert line == (
+        "- `object_vs_resident_ttft` missed: 4.500 against <= 3 (189 MB of KV had 0.400 s "
+        "over the resident turn, 471.86 MB/s; `object` delivered 269.63 MB/s)."
+    )
 
 
 def test_a_figure_that_was_not_measured_is_missed_with_a_reason() -> None:
