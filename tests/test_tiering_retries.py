@@ -1,8 +1,8 @@
 """The object tier retries S3 throttling and 5xx with backoff, then gives up as a tier failure.
 
-A small reverse proxy in front of the real SeaweedFS answers the first requests with
-``503 SlowDown`` (S3's throttling reply) and forwards the rest unchanged, so the retries
-run against real HTTP errors and then real S3 responses.
+A small reverse proxy in front of the real SeaweedFS answers the first requests with an S3
+error reply (``503 SlowDown`` unless a test picks another) and forwards the rest
+unchanged, so the retries run against real HTTP errors and then real S3 responses.
 """
 
 from __future__ import annotations
@@ -19,24 +19,28 @@ from kvgate.services.seaweed import S3Endpoint
 from tiering.tiers.base import TierError
 from tiering.tiers.object import ObjectTier
 
-_SLOW_DOWN = (
-    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-    "<Message>Please reduce your request rate.</Message></Error>"
-)
+
+def s3_error(code: str) -> str:
+    """An S3 error body carrying ``code``."""
+    return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code></Error>'
 
 
 class ThrottlingProxy:
-    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with a 503."""
+    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with ``reply``."""
 
     def __init__(self, upstream: str, refuse: int) -> None:
         self.upstream = upstream
         self.refuse = refuse
+        self.reply: tuple[int, str, dict[str, str]] = (503, s3_error("SlowDown"), {})
         self.seen = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen += 1
         if self.seen <= self.refuse:
-            return web.Response(status=503, text=_SLOW_DOWN, content_type="application/xml")
+            status, text, headers = self.reply
+            return web.Response(
+                status=status, text=text, headers=headers, content_type="application/xml"
+            )
         body = await request.read()
         # Host is forwarded unchanged: it is part of the SigV4 signature
         async with (
@@ -71,17 +75,22 @@ async def proxy(s3_server: S3Endpoint) -> AsyncIterator[tuple[ThrottlingProxy, s
     await runner.cleanup()
 
 
-async def test_throttled_reads_are_retried_until_they_succeed(s3_server, proxy) -> None:
+@pytest.mark.parametrize(
+    ("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (400, "RequestTimeout")]
+)
+async def test_throttled_reads_are_retried_until_they_succeed(
+    s3_server, proxy, status: int, code: str
+) -> None:
     throttle, url = proxy
     cfg = object_config(s3_server, max_attempts=4)
     blocks = chain(namespace(), 1)
     async with ObjectTier(cfg) as direct:
         await direct.put_many(blocks)
-    throttle.refuse = 2
+    throttle.refuse, throttle.reply = 2, (status, s3_error(code), {})
     async with ObjectTier(replace(cfg, endpoint_url=url)) as tier:
         (got,) = await tier.get_many([blocks[0].key])
     assert got is not None and bytes(got.payload) == bytes(blocks[0].payload)
-    assert throttle.seen == 3  # two 503s, then the real answer
+    assert throttle.seen == 3  # two refusals, then the real answer
 
 
 async def test_throttling_beyond_the_retry_budget_is_a_tier_error(s3_server, proxy) -> None:
@@ -101,3 +110,15 @@ async def test_a_refused_read_is_not_retried_and_names_s3s_error_code(s3_server,
         with pytest.raises(TierError, match=r"GET .* HTTP 403 \(SignatureDoesNotMatch\)"):
             await tier.get_many([chain(namespace(), 1)[0].key])
     assert throttle.seen == 1  # a refusal is an answer: no second try
+
+
+async def test_a_redirect_is_reported_not_followed(s3_server, proxy) -> None:
+    throttle, url = proxy
+    throttle.refuse = 100
+    moved = {"Location": "http://127.0.0.1:9/elsewhere"}  # a port nothing listens on
+    throttle.reply = (307, s3_error("TemporaryRedirect"), moved)
+    cfg = replace(object_config(s3_server, max_attempts=4), endpoint_url=url)
+    async with ObjectTier(cfg) as tier:
+        with pytest.raises(TierError, match=r"HTTP 307 \(TemporaryRedirect\)"):
+            await tier.get_many([chain(namespace(), 1)[0].key])
+    assert throttle.seen == 1

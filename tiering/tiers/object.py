@@ -5,8 +5,8 @@ Object names start with the first hex digits of the key (``<prefix><abc>/<key he
 keys are hashes, so this spreads requests evenly over 4096 prefixes and stays under S3's
 per-prefix request-rate limits. Concurrency is bounded by a semaphore (and a matching
 connection pool). Throttling, 5xx and connection errors are retried with exponential
-backoff (botocore's ``standard`` retry mode, and the reader's own loop that mirrors it);
-connect and read timeouts bound each try.
+backoff (botocore's ``standard`` retry mode; for GETs the reader's own loop, with shorter
+waits); connect and read timeouts bound each try.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ObjectTier:
         self._stats = TierStats(self.name)
 
     async def start(self) -> ObjectTier:
-        """Open the S3 client (idempotent)."""
+        """Open the S3 client and the GET reader (idempotent; a failed start leaves none open)."""
         if self._client is None:
             c = self.config
             session = aioboto3.Session(
@@ -90,11 +90,16 @@ class ObjectTier:
                 read_timeout=c.read_timeout,
                 max_pool_connections=c.max_concurrency,
             )
-            self._client = await self._stack.enter_async_context(
-                session.client("s3", endpoint_url=c.endpoint_url, config=boto_cfg)
-            )
-            await self.reader.start()
-            self._stack.push_async_callback(self.reader.close)
+            try:
+                client = await self._stack.enter_async_context(
+                    session.client("s3", endpoint_url=c.endpoint_url, config=boto_cfg)
+                )
+                self._stack.push_async_callback(self.reader.close)
+                await self.reader.start(client.meta.endpoint_url, await session.get_credentials())
+            except BaseException:
+                await self._stack.aclose()
+                raise
+            self._client = client
         return self
 
     async def close(self) -> None:
@@ -133,7 +138,7 @@ class ObjectTier:
         async with self._sem:
             try:
                 data = await self.reader.get(name)
-            except S3ReadError as exc:
+            except (S3ReadError, *_TRANSPORT_ERRORS) as exc:
                 raise self._fail("GET", exc) from exc
         if data is None:
             return None
