@@ -220,7 +220,8 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
         async def get(key: bytes) -> memoryview:
             async with sem:
                 body = await obj.reader.get(obj.object_name(key))
-                assert body is not None, "an object just written is missing"
+                if body is None:
+                    raise RuntimeError(f"S3 lost {obj.object_name(key)} right after its PUT")
                 return memoryview(body)[header:]
 
         async def plain_gets() -> list[memoryview]:
