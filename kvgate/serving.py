@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kvgate.model_cache import ModelCache
 from kvgate.models import DEFAULT_MODEL, ensure_model, served_model_id, weights_fingerprint
 from kvgate.settings import Settings, load_settings
 from kvgate.tiering_setup import tiered_offload
@@ -86,14 +87,31 @@ def load_model(options: WorkerOptions) -> LoadedModel:
         weights = spec
     else:
         text_source = weights = Path(spec)
-    fingerprint = weights_fingerprint(
-        spec, options.models_dir / "fingerprints", device_type=torch.device(device).type
-    )
-    config, state = load_model_weights(weights, device=device, dtype=dtype)
-    tokenizer = load_tokenizer(text_source)
+    device_type = torch.device(device).type
+    hashes = options.models_dir / "fingerprints"
+    fingerprint = weights_fingerprint(spec, hashes, device_type=device_type)
+    cache = ModelCache(options.models_dir / "converted")
+    if _is_gguf(weights):
+        config, state = cache.weights(Path(weights), fingerprint)
+    else:
+        config, state = load_model_weights(weights, device=device, dtype=dtype)
+    if _is_gguf(text_source):
+        digest = (
+            fingerprint
+            if text_source == weights
+            else weights_fingerprint(str(text_source), hashes, device_type=device_type)
+        )
+        tokenizer = cache.tokenizer(Path(text_source), digest)
+    else:
+        tokenizer = load_tokenizer(text_source)
     return LoadedModel(
         served_model_id(spec), fingerprint, config, state, tokenizer, chat_template_of(tokenizer)
     )
+
+
+def _is_gguf(source: str | Path) -> bool:
+    """Whether ``source`` names a GGUF file (those load through the :class:`ModelCache`)."""
+    return not is_random_spec(source) and Path(source).suffix == ".gguf" and Path(source).is_file()
 
 
 def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
