@@ -100,3 +100,22 @@ async def test_half_precision_paths_run_and_track_float32() -> None:
         assert len(out) == 16
         firsts.append(out[:4])
     assert firsts[1] == firsts[0] and firsts[2] == firsts[0]
+
+
+def test_attention_gathers_into_one_reused_buffer() -> None:
+    """Each layer's KV gather reuses the model's buffer: a fresh tensor per call would be a
+    fresh mmap (and a page fault per 4 KiB) for the large ones."""
+    model = tiny_llama(seed=2)
+    ids = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    ours = LlamaModel(model.config, model.state_dict)
+    pool = KVPool(model.config, pool_bytes=model.config.kv_bytes_per_token(4) * 16 * 8)
+    pages = pool.alloc(3)
+    device = torch.device("cpu")
+    ours.forward(build_batch([SeqChunk(ids[:39], 0, pages)], page_size=16, device=device)[0], pool)
+    buffer = ours._gathered.data_ptr()
+    logits = ours.forward(
+        build_batch([SeqChunk(ids[39:], 39, pages)], page_size=16, device=device)[0], pool
+    )
+    assert ours._gathered.data_ptr() == buffer, "a smaller gather allocated again"
+    expected = _reference_logits(model, ids)[-1]
+    assert (logits[0] - expected).abs().max().item() < TOLERANCE
