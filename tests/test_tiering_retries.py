@@ -1,8 +1,9 @@
 """The object tier retries S3 throttling and 5xx with backoff, then gives up as a tier failure.
 
-A small reverse proxy in front of the real SeaweedFS answers the first requests with an S3
-error reply (``503 SlowDown`` unless a test picks another) and forwards the rest
-unchanged, so the retries run against real HTTP errors and then real S3 responses.
+A small reverse proxy (:class:`tiering_support.ThrottlingProxy`) in front of the real
+SeaweedFS answers the first requests with an S3 error reply (``503 SlowDown`` unless a test
+picks another) and forwards the rest unchanged, so the retries run against real HTTP
+errors and then real S3 responses.
 """
 
 from __future__ import annotations
@@ -10,69 +11,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import aiohttp
 import pytest
-from aiohttp import web
-from tiering_support import chain, namespace, object_config
+from tiering_support import ThrottlingProxy, chain, namespace, object_config, s3_error, serving
 
 from kvgate.services.seaweed import S3Endpoint
 from tiering.tiers.base import TierError
 from tiering.tiers.object import ObjectTier
 
 
-def s3_error(code: str) -> str:
-    """An S3 error body carrying ``code``."""
-    return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code></Error>'
-
-
-class ThrottlingProxy:
-    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with ``reply``."""
-
-    def __init__(self, upstream: str, refuse: int) -> None:
-        self.upstream = upstream
-        self.refuse = refuse
-        self.reply: tuple[int, str, dict[str, str]] = (503, s3_error("SlowDown"), {})
-        self.seen = 0
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.seen += 1
-        if self.seen <= self.refuse:
-            status, text, headers = self.reply
-            return web.Response(
-                status=status, text=text, headers=headers, content_type="application/xml"
-            )
-        body = await request.read()
-        # Host is forwarded unchanged: it is part of the SigV4 signature
-        async with (
-            aiohttp.ClientSession(auto_decompress=False) as session,
-            session.request(
-                request.method,
-                self.upstream + request.rel_url.raw_path_qs,
-                headers=request.headers,
-                data=body,
-            ) as resp,
-        ):
-            payload = await resp.read()
-            headers = {
-                k: v
-                for k, v in resp.headers.items()
-                if k.lower() not in ("transfer-encoding", "content-length", "connection")
-            }
-            return web.Response(status=resp.status, body=payload, headers=headers)
-
-
 @pytest.fixture
 async def proxy(s3_server: S3Endpoint) -> AsyncIterator[tuple[ThrottlingProxy, str]]:
     throttle = ThrottlingProxy(s3_server.url, refuse=0)
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", throttle.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield throttle, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(throttle) as url:
+        yield throttle, url
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import numpy as np
+from aiohttp import web
 
 from kvgate.services.seaweed import S3Endpoint
 from migrations import runner
@@ -95,3 +98,60 @@ def read_only(path: Path) -> Iterator[None]:
             yield
         finally:
             path.chmod(0o755)
+
+
+def s3_error(code: str) -> str:
+    """An S3 error body carrying ``code``."""
+    return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code></Error>'
+
+
+class ThrottlingProxy:
+    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with ``reply``."""
+
+    def __init__(self, upstream: str, refuse: int) -> None:
+        self.upstream = upstream
+        self.refuse = refuse
+        self.reply: tuple[int, str, dict[str, str]] = (503, s3_error("SlowDown"), {})
+        self.seen = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen += 1
+        if self.seen <= self.refuse:
+            status, text, headers = self.reply
+            return web.Response(
+                status=status, text=text, headers=headers, content_type="application/xml"
+            )
+        body = await request.read()
+        # Host is forwarded unchanged: it is part of the SigV4 signature
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.request(
+                request.method,
+                self.upstream + request.rel_url.raw_path_qs,
+                headers=request.headers,
+                data=body,
+            ) as resp,
+        ):
+            payload = await resp.read()
+            headers = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in ("transfer-encoding", "content-length", "connection")
+            }
+            return web.Response(status=resp.status, body=payload, headers=headers)
+
+
+@contextlib.asynccontextmanager
+async def serving(proxy: ThrottlingProxy, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """``proxy`` listening on a free local port (over TLS with ``tls``); yields its URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    app_runner = web.AppRunner(app)
+    await app_runner.setup()
+    site = web.TCPSite(app_runner, "127.0.0.1", 0, ssl_context=tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    finally:
+        await app_runner.cleanup()

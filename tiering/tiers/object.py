@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aioboto3
+from aiobotocore.session import AioSession
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -79,10 +80,12 @@ class ObjectTier:
         """Open the S3 client and the GET reader (idempotent; a failed start leaves none open)."""
         if self._client is None:
             c = self.config
+            botocore_session = AioSession()
             session = aioboto3.Session(
                 aws_access_key_id=c.access_key,
                 aws_secret_access_key=c.secret_key,
                 region_name=c.region,
+                botocore_session=botocore_session,
             )
             boto_cfg = Config(
                 retries={"mode": "standard", "total_max_attempts": c.max_attempts},
@@ -95,7 +98,12 @@ class ObjectTier:
                     session.client("s3", endpoint_url=c.endpoint_url, config=boto_cfg)
                 )
                 self._stack.push_async_callback(self.reader.close)
-                await self.reader.start(client.meta.endpoint_url, await session.get_credentials())
+                await self.reader.start(
+                    client.meta.endpoint_url,
+                    await session.get_credentials(),
+                    # may read ~/.aws/config: off the event loop
+                    await asyncio.to_thread(botocore_session.get_config_variable, "ca_bundle"),
+                )
             except BaseException:
                 await self._stack.aclose()
                 raise

@@ -15,7 +15,8 @@ SlowDown), other 5xx, ``400 RequestTimeout``, connection errors and timeouts, up
 jitter under 50 ms, doubling, capped at 2 s, where botocore starts at 1 s): a restore
 runs under a deadline of a fraction of a second, past which recomputing is cheaper than
 waiting. A 404 is an answer (absent), not an error; redirects are not followed, so a
-bucket in another region is reported as such rather than as a failed signature. Proxies
+bucket in another region is reported as such rather than as a failed signature. HTTPS
+trusts the CA bundle botocore is given (``AWS_CA_BUNDLE``). Proxies
 from the environment are not used: aiohttp's ``trust_env`` re-reads them on every
 request, which cost a fifth of the rate here, and KV traffic belongs on the direct path.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import ssl
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -66,16 +68,22 @@ class S3Reader:
         self._credentials: AioCredentials | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    async def start(self, endpoint_url: str, credentials: AioCredentials | None) -> None:
+    async def start(
+        self, endpoint_url: str, credentials: AioCredentials | None, ca_bundle: str | None = None
+    ) -> None:
         """Open the connection pool (idempotent). ``credentials``: aiobotocore's, refreshed
-        as they expire; ``None`` sends unsigned requests (a public bucket)."""
+        as they expire; ``None`` sends unsigned requests (a public bucket). ``ca_bundle``:
+        the certificates botocore trusts (``AWS_CA_BUNDLE``, ``ca_bundle`` in the AWS
+        config), so that an HTTPS endpoint behind a private CA serves GETs as it serves
+        the client's PUTs; ``None`` trusts the system's."""
         if self._session is not None:
             return
         c = self.config
         self._base = f"{endpoint_url.rstrip('/')}/{quote(c.bucket, safe='')}/"
         self._credentials = credentials
+        tls = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else True
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=c.max_concurrency),
+            connector=aiohttp.TCPConnector(limit=c.max_concurrency, ssl=tls),
             timeout=aiohttp.ClientTimeout(sock_connect=c.connect_timeout, sock_read=c.read_timeout),
             auto_decompress=False,
         )
