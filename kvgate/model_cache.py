@@ -35,7 +35,7 @@ from typing import TypeVar
 
 import xxhash
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save_file
+from safetensors.torch import save as save_safetensors
 
 from workers.engine.config import ModelConfig
 from workers.engine.tokenizer import Tokenizer
@@ -139,8 +139,9 @@ def _remove_stale(directory: Path) -> None:
 
 def _write_weights(converted: tuple[ModelConfig, StateDict], directory: Path) -> None:
     config, state = converted
-    save_file(state, directory / WEIGHTS_FILE)
-    checksum = xxhash.xxh3_64_hexdigest((directory / WEIGHTS_FILE).read_bytes())
+    data = save_safetensors(state)  # hashed as written, not read back
+    (directory / WEIGHTS_FILE).write_bytes(data)
+    checksum = xxhash.xxh3_64_hexdigest(data)
     (directory / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
     manifest = {"format": FORMAT, "files": {WEIGHTS_FILE: checksum}}
     (directory / "manifest.json").write_text(json.dumps(manifest) + "\n")
