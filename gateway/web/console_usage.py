@@ -28,7 +28,15 @@ class UsageViews:
         site = self.site
         user, team = await site.member(request)
         days = usage_report.period(self._days(request))
-        daily = await usage_report.daily(site.db, team.team_id, days)
+        # One snapshot for every table on the page, so a request that lands while it
+        # renders shows up in all of them or in none.
+        async with (
+            site.db.acquire() as db,
+            db.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            daily = await usage_report.daily(db, team.team_id, days)
+            by_key = await usage_report.by_key(db, team.team_id, days[0])
+            recent = await usage_report.recent(db, team.team_id)
         tokens_chart = stacked_bars(
             "Tokens per day",
             days,
@@ -52,8 +60,8 @@ class UsageViews:
             periods=_PERIODS,
             days=len(days),
             daily=[d for d in reversed(daily) if d.requests],
-            by_key=await usage_report.by_key(site.db, team.team_id, days[0]),
-            recent=await usage_report.recent(site.db, team.team_id),
+            by_key=by_key,
+            recent=recent,
             tokens_chart=tokens_chart,
             requests_chart=requests_chart,
         )
