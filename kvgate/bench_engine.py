@@ -170,7 +170,7 @@ async def measure(
         machine=machine(),
         threads=torch.get_num_threads(),
         matmul_gflops=0.0,
-        engine=f"{str(dtype).removeprefix('torch.')} on {device.type}",
+        engine=options.engine.describe(),
         decode_steps=steps,
         load_average=(os.getloadavg()[0], 0.0),
     )

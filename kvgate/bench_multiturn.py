@@ -29,32 +29,25 @@ DOCS = Path("docs")
 
 
 def kv_bytes_per_token() -> int:
-    """KV bytes per token of the model the benchmark workers serve, at their dtype
-    (``KVGATE_WORKER_MODEL``, ``KVGATE_WORKER_DEVICE`` and ``KVGATE_WORKER_DTYPE``)."""
-    import torch
-
+    """KV bytes per token of the model the benchmark workers serve, at their KV dtype
+    (``KVGATE_WORKER_MODEL``, ``KVGATE_WORKER_DEVICE`` and ``KVGATE_WORKER_KV_DTYPE``)."""
     from kvgate.models import DEFAULT_MODEL, ensure_model
     from kvgate.serving import worker_options
     from workers.engine.weights import model_config
 
     options = worker_options()
     spec = options.model or ensure_model(options.models_dir, DEFAULT_MODEL)
-    _, dtype = options.engine.resolved()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return model_config(spec).kv_bytes_per_token(itemsize)
+    return options.engine.kv_bytes_per_token(model_config(spec))
 
 
 def served_model() -> dict[str, str]:
-    """The model the benchmark workers serve and the device and dtype they run it in."""
+    """The model the benchmark workers serve, the device and dtype they run it in, and the
+    dtype of its KV (what the tiers move)."""
     from kvgate.models import served_model_id
     from kvgate.serving import worker_options
 
     options = worker_options()
-    device, dtype = options.engine.resolved()
-    return {
-        "model": served_model_id(options.model),
-        "engine": f"{str(dtype).removeprefix('torch.')} on {device.type}",
-    }
+    return {"model": served_model_id(options.model), "engine": options.engine.describe()}
 
 
 def machine() -> dict[str, object]:

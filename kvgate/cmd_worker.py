@@ -70,7 +70,16 @@ class _Server(uvicorn.Server):
 @click.option("--max-batch", type=int, help="Most requests decoding at once.")
 @click.option("--token-budget", type=int, help="Most tokens in one engine step.")
 @click.option("--device", help="torch device: auto, cpu, cuda, cuda:1 ...")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="Weights and activations (default: KVGATE_WORKER_DTYPE; auto: fp32 on CPU, bf16 on CUDA).",
+)
+@click.option(
+    "--kv-dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="KV cache (default: KVGATE_WORKER_KV_DTYPE; auto: fp16 on CPU, the model's on CUDA).",
+)
 @click.option(
     "--tiers/--no-tiers",
     default=None,
@@ -97,6 +106,7 @@ def _serve(
         "model": options.model or loaded.model_id,
         "device": options.engine.device,
         "dtype": options.engine.dtype,
+        "kv_dtype": options.engine.kv_dtype,
         "kv_pool_bytes": options.engine.kv_pool_bytes,
         "page_size": options.engine.page_size,
         "max_batch": options.engine.max_batch,

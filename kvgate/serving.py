@@ -46,6 +46,7 @@ def worker_options(settings: Settings | None = None, **overrides: Any) -> Worker
     engine = EngineOptions(
         device=given.pop("device", s.worker_device),
         dtype=given.pop("dtype", s.worker_dtype),
+        kv_dtype=given.pop("kv_dtype", s.worker_kv_dtype),
         kv_pool_bytes=given.pop("kv_pool_bytes", s.worker_kv_pool_bytes),
         page_size=given.pop("page_size", s.worker_page_size),
         max_batch=given.pop("max_batch", s.worker_max_batch),
@@ -129,9 +130,8 @@ def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
 
 def kv_layout(config: ModelConfig, options: EngineOptions) -> KVLayout:
     """The page layout of the pool an engine with ``options`` allocates (tier keys fold it in)."""
-    _, dtype = options.resolved()
     return KVLayout(
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(options.resolved_kv_dtype()).removeprefix("torch."),
         page_size=options.page_size,
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -160,6 +160,11 @@ class Settings(BaseSettings):
     worker_device: str = Field("auto", description="torch device; auto = cuda if available.")
     worker_dtype: str = Field(
         "auto", description="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)."
+    )
+    worker_kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="dtype of the KV cache: auto (float16 on CPU, the model's dtype on CUDA), "
+        "float32, bfloat16 or float16.",
     )
     worker_tiers: bool = Field(
         True, description="Spill evicted KV pages down host RAM -> NAS -> S3 and fetch them back."

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvgate import bench_mt_stack as stack
+from workers.engine.engine import EngineOptions
 from workers.engine.weights import tiny_random
 
 
@@ -21,5 +22,6 @@ def tiny_site(
     }
     if pool_tokens is not None:
         config, _ = tiny_random()
-        settings["KVGATE_WORKER_KV_POOL_BYTES"] = str(pool_tokens * config.kv_bytes_per_token(4))
+        token_bytes = EngineOptions(device="cpu").kv_bytes_per_token(config)
+        settings["KVGATE_WORKER_KV_POOL_BYTES"] = str(pool_tokens * token_bytes)
     return stack.Site(dsn="", nas=nas, s3_prefix="", env=settings | env)

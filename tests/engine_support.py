@@ -51,11 +51,13 @@ def tiny_llama(seed: int = 0, *, rope_scaling: dict | None = None) -> TinyModel:
 def tiny_engine(
     model: TinyModel, *, pages: int = 256, offload: KVOffload | None = None, **options: Any
 ) -> TorchEngine:
-    """A CPU float32 engine on ``model`` whose pool holds ``pages`` pages of 16 tokens;
+    """A CPU float32 engine on ``model`` whose pool holds ``pages`` pages (of its KV dtype);
     ``options`` replace EngineOptions fields, ``offload`` is its lower tier (none)."""
-    page_bytes = model.config.kv_bytes_per_token(4) * 16
-    opts = EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=pages * page_bytes)
-    return TorchEngine(model.config, model.state_dict, replace(opts, **options), offload=offload)
+    opts = replace(EngineOptions(device="cpu", dtype="float32"), **options)
+    pool_bytes = pages * opts.page_size * opts.kv_bytes_per_token(model.config)
+    return TorchEngine(
+        model.config, model.state_dict, replace(opts, kv_pool_bytes=pool_bytes), offload=offload
+    )
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:

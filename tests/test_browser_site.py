@@ -28,6 +28,7 @@ from gateway_support import KVGATE, gateway_env, process, unique
 from playwright.async_api import Browser, Page, async_playwright, expect
 from starlette.routing import Route
 from test_browser_console import CHROMIUM, CHROMIUM_ARGS, PHONE
+from worker_support import tiny_pool_bytes
 
 from gateway.app import build_app
 from gateway.config import GatewayConfig
@@ -39,9 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 MODEL = "tiny-random"
 PASSWORD = "staff-password-1"
-#: 40 pages of tiny-random KV (16 tokens of 512 bytes each): a few prompts fill it, so
-#: finished conversations are evicted down the tiers (host RAM, then the NAS).
-KV_POOL_BYTES = 40 * 16 * 512
+#: 40 pages of tiny-random KV (16 tokens each): a few prompts fill it, so finished
+#: conversations are evicted down the tiers (host RAM, then the NAS).
+KV_POOL_BYTES = tiny_pool_bytes(40)
 
 
 @pytest.fixture(scope="module")

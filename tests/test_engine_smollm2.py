@@ -1,6 +1,6 @@
 """Acceptance 1 on the real model: SmolLM2-135M-Instruct from its GGUF, through MODELS' loader.
 
-Same weights in transformers' LlamaForCausalLM and in our engine (float32): logits of a
+Same weights in transformers' LlamaForCausalLM and in our engine (float32, KV too): logits of a
 prompt prefilled in two chunks agree within 1e-3 (observed ~1e-5; 30 layers and a
 49k vocabulary accumulate more rounding than the tiny model), and greedy decoding gives
 identical tokens for 32 steps.
@@ -59,16 +59,20 @@ def test_logits_match_transformers(smollm2) -> None:  # type: ignore[no-untyped-
 
 async def test_greedy_32_tokens_match_transformers(smollm2) -> None:  # type: ignore[no-untyped-def]
     config, state, reference = smollm2
-    engine = TorchEngine(
-        config, state, EngineOptions(device="cpu", dtype="float32", kv_pool_bytes=64 << 20)
-    )
-    try:
-        # min_tokens masks EOS for all 32 steps, as transformers' min_new_tokens does
-        sampling = SamplingParams(max_tokens=32, temperature=0.0, min_tokens=32)
-        ours = tokens(await run(engine, "smol", PROMPT, sampling))
-    finally:
-        engine.close()
+    # min_tokens masks EOS for all 32 steps, as transformers' min_new_tokens does
+    sampling = SamplingParams(max_tokens=32, temperature=0.0, min_tokens=32)
+    ours = {}
+    for kv_dtype in ("float32", "auto"):  # transformers' KV precision, then the default's
+        options = EngineOptions(
+            device="cpu", dtype="float32", kv_dtype=kv_dtype, kv_pool_bytes=64 << 20
+        )
+        engine = TorchEngine(config, state, options)
+        try:
+            ours[kv_dtype] = tokens(await run(engine, "smol", PROMPT, sampling))
+        finally:
+            engine.close()
     ref = reference.generate(
         torch.tensor([PROMPT]), max_new_tokens=32, min_new_tokens=32, do_sample=False
     )[0, len(PROMPT) :].tolist()
-    assert ours == ref
+    assert ours["float32"] == ref
+    assert ours["auto"] == ref  # float16 KV on the CPU changes no token here

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tiering_support import fresh_database, object_config, read_only
 from kvgate.services.ports import free_port
 from kvgate.services.postgres import create_pool
 from kvgate.services.seaweed import S3Endpoint
+from kvgate.serving import kv_layout
 from tiering.cost import CostConfig, CostModel
 from tiering.ledger import Ledger
 from tiering.store import TieredStore
@@ -37,18 +39,17 @@ from workers.engine.tiered_offload import TieredOffload
 PAGE = 16
 
 
+#: the engines' options but the pool size (their KV dtype is the CPU default's)
+OPTIONS = EngineOptions(device="cpu", dtype="float32", page_size=PAGE)
+
+
 def _layout(config: ModelConfig) -> KVLayout:
-    return KVLayout(
-        "float32", PAGE, config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-    )
+    return kv_layout(config, OPTIONS)
 
 
 def _engine(config: ModelConfig, state: Any, pages: int, offload=None) -> TorchEngine:  # type: ignore[no-untyped-def]
-    page_bytes = config.kv_bytes_per_token(4) * PAGE
-    opts = EngineOptions(
-        device="cpu", dtype="float32", kv_pool_bytes=pages * page_bytes, page_size=PAGE
-    )
-    return TorchEngine(config, state, opts, offload=offload)
+    pool_bytes = pages * PAGE * OPTIONS.kv_bytes_per_token(config)
+    return TorchEngine(config, state, replace(OPTIONS, kv_pool_bytes=pool_bytes), offload=offload)
 
 
 def _offload(
@@ -298,5 +299,38 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
     finally:
         go.set()
         engine.close()
+        cold.close()
+        offload.close()
+
+
+async def test_a_pool_of_another_kv_dtype_never_loads_the_tiers_pages(nas_dir: Path) -> None:
+    """Pages the tiers hold as float16 are a miss for a bfloat16 pool, never its bytes: the
+    two have the same size, so only the layout check stands between them and wrong KV."""
+    config, state = TINY.config, TINY.state_dict
+    offload = _offload(None, None, nas_dir, None, config)
+    bf16_options = replace(OPTIONS, kv_dtype="bfloat16")
+    page_bytes = PAGE * bf16_options.kv_bytes_per_token(config)
+    assert page_bytes == PAGE * OPTIONS.kv_bytes_per_token(config)
+    half = _engine(config, state, pages=7, offload=offload)  # the other prompt fills it
+    bf16 = TorchEngine(
+        config, state, replace(bf16_options, kv_pool_bytes=7 * page_bytes), offload=offload
+    )
+    cold = TorchEngine(config, state, replace(bf16_options, kv_pool_bytes=256 * page_bytes))
+    prompt, other = _ids(70, 8, 512), _ids(100, 9, 512)
+    try:
+        await run(half, "a", prompt, greedy(6))
+        await run(half, "b", other, greedy(4))  # evicts the prompt's pages to the tiers
+        offload.drain()
+        assert (await run(half, "c", prompt, greedy(6)))[-1].cached_tokens == 64  # there ...
+        again = await run(bf16, "d", prompt, greedy(6))  # ... but not for bfloat16
+        assert again[-1].cached_tokens == 0
+        assert tokens(again) == tokens(await run(cold, "cold", prompt, greedy(6)))
+        assert offload.stats()["failures"].get("offload.load", 0) >= 1
+        # and bfloat16 pages are refused on the way down rather than stored as float16
+        await run(bf16, "e", other, greedy(4))
+        assert offload.stats()["failures"].get("offload.evict", 0) >= 1
+    finally:
+        half.close()
+        bf16.close()
         cold.close()
         offload.close()

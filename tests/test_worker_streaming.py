@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from worker_support import serving, tiny_engine, wait_for, worker_app
+from worker_support import serving, tiny_engine, tiny_pool_bytes, wait_for, worker_app
 
 from workers.engine.engine import TorchEngine
 
@@ -105,7 +105,7 @@ async def test_sixteen_concurrent_streams_share_a_pool_too_small_for_all(
 ) -> None:
     # 16 requests of 64 shared + 16 own prompt tokens and 48 generated need 8 pages each
     # (128 in all, 68 with the shared prefix counted once); the pool holds 40.
-    small = tiny_engine(kv_pool_bytes=40 * PAGE * 512, page_size=PAGE, max_batch=16)
+    small = tiny_engine(kv_pool_bytes=tiny_pool_bytes(40, PAGE), page_size=PAGE, max_batch=16)
     assert small.load().pool_total_pages == 40
     shared = list(range(1000, 1064))
     prompts = [shared + list(range(2000 + 16 * i, 2016 + 16 * i)) for i in range(16)]

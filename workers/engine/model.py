@@ -104,10 +104,13 @@ class LlamaModel:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
+        #: what the KV pool stores and attention computes in (``dtype`` when None)
+        self.kv_dtype = kv_dtype or dtype
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -147,7 +150,7 @@ class LlamaModel:
         self.cos = freqs.cos().to(device=self.device, dtype=dtype)
         self.sin = freqs.sin().to(device=self.device, dtype=dtype)
         #: CPU memory the attention gathers each call's KV into, grown as needed and reused
-        self._gathered = torch.empty(0, dtype=dtype, device=self.device)
+        self._gathered = torch.empty(0, dtype=self.kv_dtype, device=self.device)
 
     def _gather(self, slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """``slots.index_select(0, index)`` into reused memory (valid until the next call).
@@ -183,10 +186,10 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Attention output ``[T, heads * head_dim]`` for the step's queries."""
         H, D = self.heads, self.head_dim
-        q = qkv[:, : H * D]
+        q = qkv[:, : H * D].to(self.kv_dtype)
         if not batch.prefill:  # decode only: the attention output is the whole result
             return self._decode_attention(q, batch, slots)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=self.dtype, device=q.device)
         for p in batch.prefill:
             ctx = self._gather(slots, p.ctx_slots)  # [L, 2, K, D]
             k = ctx[:, 0].transpose(0, 1)[None]  # [1, K, L, D]
@@ -213,7 +216,7 @@ class LlamaModel:
         v = ctx[:, :, 1].transpose(1, 2)
         qd = q[batch.decode_row :].view(B, K, g, D)  # the g query heads of a KV head as rows
         o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask)
-        return o.reshape(B, K * g * D)
+        return o.reshape(B, K * g * D).to(self.dtype)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
@@ -242,7 +245,8 @@ class LlamaModel:
             qkv = layer.qkv(x)
             self._rope(qkv[:, : (H + K) * D].view(T, H + K, D), cos, sin)
             slots = pool.layer_slots[i]
-            slots.index_copy_(0, batch.write_slots, qkv[:, H * D :].view(T, 2, K, D))
+            kv = qkv[:, H * D :].view(T, 2, K, D)
+            slots.index_copy_(0, batch.write_slots, kv.to(slots.dtype))
             h.add_(layer.o(self._attention(qkv, batch, slots)))
             gu = layer.gate_up(self._norm(h, layer.mlp_norm))
             inter = gu.shape[-1] // 2

@@ -357,7 +357,7 @@ class Scheduler:
             )
             reqs.append(req)
         batch, order = build_batch(
-            chunks, page_size=self.page_size, device=self.model.device, dtype=self.model.dtype
+            chunks, page_size=self.page_size, device=self.model.device, dtype=self.model.kv_dtype
         )
         logits = self.model.forward(batch, self.pool)
         wanting = [i for i in order if chunks[i].want_logits]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -26,8 +25,6 @@ from tiering.landing import Landing
 from tiering.store import TieredStore
 from workers.engine.kv_pool import KVLayout, RestoreTarget
 from workers.engine.offload import EvictedPage, Restored
-
-log = logging.getLogger(__name__)
 
 #: how long an abandoned restore's reads in flight are waited for before their pages are
 #: held back (a healthy NAS finishes a page read in well under this)
@@ -103,14 +100,19 @@ class TieredOffload:
         """Key the pages, copy their KV to host bytes and queue them; never blocks."""
         try:
             blocks = self._blocks(pages)
-        except Exception:  # a bug here must cost cache hits, not the engine
-            log.exception("could not turn %d evicted pages into blocks", len(pages))
+        except Exception as exc:  # a bug here must cost cache hits, not the engine
+            self.store.failures.record("offload", "evict", exc)
             return
         self._loop.call_soon_threadsafe(self.store.offer, blocks)
 
     def _blocks(self, pages: list[EvictedPage]) -> list[Block]:
         ps = self.layout.page_size
         kv = torch.stack([p.kv for p in pages]).to("cpu").contiguous()
+        if kv.dtype != _TORCH_DTYPES[self.layout.dtype] or kv.shape[1:] != self.layout.page_shape:
+            raise ValueError(
+                f"evicted KV is {kv.dtype} {tuple(kv.shape[1:])}, the tiers hold "
+                f"{self.layout.dtype} {self.layout.page_shape}"
+            )
         raw = kv.view(len(pages), -1).view(torch.uint8).numpy()
         keys = _chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
         return [
@@ -133,6 +135,11 @@ class TieredOffload:
         :class:`~tiering.landing.Landing`). Whatever happens, no read writes that memory
         after this returns, except pages reported ``late``, which the pool holds back.
         """
+        if target.pool.layout != self.layout:  # bytes of another shape or dtype: never load
+            self.store.failures.record(
+                "offload", "load", f"pool layout {target.pool.layout} is not {self.layout}"
+            )
+            return Restored()
         ns = self.namespace(namespace)
         ps = self.layout.page_size
         keys = page_keys(
