@@ -72,8 +72,8 @@ def build_batch(
 ) -> tuple[ForwardBatch, list[int]]:
     """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first).
 
-    Masks are additive, in the model's ``dtype``: attention would otherwise convert a
-    boolean mask in every layer.
+    Masks are additive, in ``dtype``, the dtype attention runs in (the KV's): attention
+    would otherwise convert a boolean mask in every layer.
     """
 
     def additive(allowed: torch.Tensor) -> torch.Tensor:

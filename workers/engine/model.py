@@ -5,7 +5,10 @@ Weights arrive as a Hugging Face ``LlamaForCausalLM`` state dict and are fused a
 whole step's tokens at once. Attention uses ``scaled_dot_product_attention`` without
 repeating K and V: prefill chunks use its grouped-query mode (causal from position 0 when
 nothing is cached, so the kernel skips masked blocks), and decode folds the query heads of
-each KV head into the query axis so that a whole batch attends in one call. The model
+each KV head into the query axis so that a whole batch attends in one call. Attention
+runs in the pool's KV dtype (float16 under float32 weights on the CPU, by default): K and
+V are written rounded to it, queries are cast to it, and the output comes back in the
+model's dtype, so a token's KV is the same bytes however it got into the pool. The model
 holds tensors, not ``nn.Module``s, to keep per-step Python overhead to a handful of ops
 per layer.
 """
