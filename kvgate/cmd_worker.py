@@ -21,7 +21,14 @@ import click
 import uvicorn
 
 from kvgate.cmd_worker_sglang import EngineSwitch
-from kvgate.serving import LoadedModel, WorkerOptions, load_model, running_engine, worker_options
+from kvgate.serving import (
+    LoadedModel,
+    WorkerOptions,
+    cores_to_the_engine,
+    load_model,
+    running_engine,
+    worker_options,
+)
 from kvgate.settings import load_settings
 from workers.context import ServerConfig
 from workers.engine.engine import TorchEngine
@@ -89,7 +96,7 @@ class _Server(uvicorn.Server):
 def worker(host: str | None, port: int | None, tiers: bool | None, **engine_flags: object) -> None:
     """Serve a model with the built-in engine (OpenAI and SGLang-native HTTP API)."""
     settings = load_settings()
-    options = worker_options(settings, **engine_flags)
+    options = cores_to_the_engine(worker_options(settings, **engine_flags))
     loaded = load_model(options)
     use_tiers = settings.worker_tiers if tiers is None else tiers
     with running_engine(loaded, options, settings if use_tiers else None) as engine:

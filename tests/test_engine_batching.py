@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
+from kvgate.serving import cores_to_the_engine, worker_options
 from workers.engine.api import GenerateRequest
 from workers.engine.engine import TorchEngine
 
@@ -155,11 +157,38 @@ async def test_chunked_prefill_beside_decoding_requests() -> None:
         engine.close()
 
 
-def test_threads_option_sets_torch_intra_op_threads() -> None:
+async def test_threads_option_sets_the_engine_threads_torch_threads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Forward steps run with ``threads`` torch threads; the constructing thread keeps its own
+    (OpenMP's count is per thread, and a second team beside the engine's slowed it down)."""
     before = torch.get_num_threads()
-    engine = tiny_engine(MODEL, threads=1)
+    engine = tiny_engine(MODEL, threads=before + 1)
+    seen: list[int] = []
+    forward = engine.model.forward
+
+    def spy(batch, pool):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return forward(batch, pool)
+
+    monkeypatch.setattr(engine.model, "forward", spy)
     try:
-        assert torch.get_num_threads() == 1
+        await run(engine, "t", [5, 6, 7], greedy(2))
+        assert seen and set(seen) == {before + 1}
+        assert torch.get_num_threads() == before
     finally:
         engine.close()
-        torch.set_num_threads(before)
+
+
+def test_a_serving_process_leaves_its_cores_to_the_engine() -> None:
+    """``cores_to_the_engine`` drops the calling thread to one torch thread and hands the
+    count it had to the engine (run on a thread of its own to keep pytest's as it is)."""
+    seen: dict[str, int] = {}
+
+    def serve() -> None:
+        torch.set_num_threads(3)
+        options = cores_to_the_engine(worker_options(device="cpu"))
+        seen.update(engine=options.engine.threads, caller=torch.get_num_threads())
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join()
+    assert seen == {"engine": 3, "caller": 1}

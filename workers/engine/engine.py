@@ -53,9 +53,10 @@ class EngineOptions:
     token_budget: int = 2048
     #: cap on prompt plus output tokens; 0 means the model's ``max_position_embeddings``
     context_length: int = 0
-    #: torch intra-op threads for the whole process; 0 leaves torch's default. On a CPU
-    #: shared with other busy processes 1 can beat more: every multi-threaded kernel waits
-    #: for its slowest thread, and a descheduled one stalls it for a whole time slice.
+    #: torch intra-op threads of the engine's thread, which runs every forward step; 0 takes
+    #: the constructing thread's count. On a CPU shared with other busy processes 1 can beat
+    #: more: every multi-threaded kernel waits for its slowest thread, and a descheduled one
+    #: stalls it for a whole time slice.
     threads: int = 0
 
     def resolved(self) -> tuple[torch.device, torch.dtype]:
@@ -116,8 +117,7 @@ class TorchEngine:
             raise ValueError("max_batch and token_budget must be at least 1")
         device, dtype = options.resolved()
         kv_dtype = options.resolved_kv_dtype()
-        if options.threads > 0:
-            torch.set_num_threads(options.threads)
+        self._threads = options.threads or torch.get_num_threads()
         self.model_id = model_id
         self.options = options
         self.context_length = options.context_length or config.max_position_embeddings
@@ -251,6 +251,7 @@ class TorchEngine:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
     def _run(self) -> None:
+        torch.set_num_threads(self._threads)  # OpenMP's thread count is per calling thread
         while True:
             with self._cond:
                 while not self._stopping and not self._inbox and not self.scheduler.has_work:
