@@ -96,8 +96,12 @@ class EngineOptions:
     def describe(self) -> str:
         """What the engine runs as, for reports: ``float32 on cpu, KV in float16``."""
         device, dtype = self.resolved()
-        name = {v: k for k, v in _DTYPES.items()}
-        return f"{name[dtype]} on {device.type}, KV in {name[self.resolved_kv_dtype()]}"
+        return f"{_name(dtype)} on {device.type}, KV in {_name(self.resolved_kv_dtype())}"
+
+
+def _name(dtype: torch.dtype) -> str:
+    """``float16`` for ``torch.float16``: the names options, layouts and reports use."""
+    return str(dtype).removeprefix("torch.")
 
 
 class TorchEngine:

@@ -159,7 +159,7 @@ class LlamaModel:
         """``slots.index_select(0, index)`` into reused memory (valid until the next call).
 
         A decode step gathers every sequence's context once per layer: 45 MB for 8 requests
-        of 3.7k tokens in SmolLM2's fp32. glibc serves blocks over 32 MB with a fresh mmap
+        of 3.7k tokens with SmolLM2's KV in float32. glibc serves blocks over 32 MB with a fresh mmap
         and unmaps them when freed, so a new tensor each time faulted in every page again:
         on the CPU a whole worker then ran at half speed, a core lost to the kernel. CUDA's
         caching allocator reuses its blocks already, and a buffer held for good would only
