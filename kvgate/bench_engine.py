@@ -18,15 +18,25 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import click
 import torch
 
 from kvgate.bench_hf import HFBaseline, matmul_gflops, prefill_flops, roofline_shapes
-from kvgate.serving import WorkerOptions, load_model, running_engine, worker_options
+from kvgate.serving import (
+    WorkerOptions,
+    cores_to_the_engine,
+    load_model,
+    running_engine,
+    worker_options,
+)
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
+
+T = TypeVar("T")
 
 PROMPT_LENGTHS = (128, 512, 2048)
 DECODE_BATCHES = (1, 8, 32)
@@ -152,6 +162,24 @@ async def engine_decode_tps(engine: Engine, prompts: Sequence[Sequence[int]], st
     return tokens / (max(t for t, _ in after) - t0)
 
 
+def on_own_thread(work: Callable[[], T], threads: int) -> T:
+    """``work()`` run on a thread of its own with ``threads`` torch threads, which then ends.
+
+    The engine computes on its thread and a worker process keeps every other thread to one
+    torch thread (:func:`kvgate.serving.cores_to_the_engine`): a second OpenMP team beside
+    the engine's makes its decode ~30% slower. A yardstick run on the main thread with every
+    core would leave such a team for the rest of the run. A thread's team ends with it, so
+    each yardstick runs with the cores to itself and leaves the engine alone with them.
+    """
+
+    def run() -> T:
+        torch.set_num_threads(threads)
+        return work()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-yardstick") as pool:
+        return pool.submit(run).result()
+
+
 async def measure(
     options: WorkerOptions, quick: bool, with_hf: bool, say: Callable[[str], None]
 ) -> Figures:
@@ -159,8 +187,23 @@ async def measure(
 
     Each figure is the best of a few repetitions: on a shared machine the best run is the
     one least disturbed by other processes, which is what we want to compare. For the same
-    reason the roofline is sampled next to every measurement and its best sample kept.
+    reason the roofline is sampled next to every measurement and its best sample kept. The
+    engine is set up as ``kvgate worker`` sets it up (one team of OpenMP threads, on the
+    engine's thread), and the yardsticks run on short-lived threads of their own; the
+    calling thread gets its torch thread count back at the end.
     """
+    caller_threads = torch.get_num_threads()
+    try:
+        return await _measure(cores_to_the_engine(options), quick, with_hf, say)
+    finally:
+        torch.set_num_threads(caller_threads)
+
+
+async def _measure(
+    options: WorkerOptions, quick: bool, with_hf: bool, say: Callable[[str], None]
+) -> Figures:
+    """:func:`measure`, the calling thread already down to one torch thread."""
+    threads = options.engine.threads
     loaded = load_model(options)
     device, dtype = options.engine.resolved()
     shapes = roofline_shapes(loaded.config)
@@ -168,7 +211,7 @@ async def measure(
     figures = Figures(
         model=loaded.model_id,
         machine=machine(),
-        threads=torch.get_num_threads(),
+        threads=threads,
         matmul_gflops=0.0,
         engine=options.engine.describe(),
         decode_steps=steps,
@@ -176,7 +219,10 @@ async def measure(
     )
 
     def roofline() -> None:
-        figures.matmul_samples.append(matmul_gflops(shapes, device=device, dtype=dtype))
+        sample = on_own_thread(
+            functools.partial(matmul_gflops, shapes, device=device, dtype=dtype), threads
+        )
+        figures.matmul_samples.append(sample)
         figures.matmul_gflops = max(figures.matmul_samples)
 
     roofline()
@@ -198,7 +244,8 @@ async def measure(
             figures.decode_tps[b] = best
             say(f"kvgate decode batch {b}: {best:.1f} tok/s")
     roofline()
-    if with_hf:
+
+    def transformers() -> None:
         hf = HFBaseline(loaded.config, loaded.state, device=device, dtype=dtype)
         hf.prefill_tokens_per_s(random_prompts(1, 32, vocab, seed=99)[0])  # warm-up, as ours
         for n, prompt in prompts.items():
@@ -209,6 +256,9 @@ async def measure(
                 hf.decode_tokens_per_s(batches[b], steps) for _ in range(reps)
             )
             say(f"transformers decode batch {b}: {figures.hf_decode_tps[b]:.1f} tok/s")
+
+    if with_hf:
+        on_own_thread(transformers, threads)
     roofline()
     say(
         f"matmul roofline, best of {len(figures.matmul_samples)} samples: {figures.matmul_gflops:.1f}"

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
-from kvgate.bench_engine import Figures, engine, render
+from kvgate.bench_engine import Figures, engine, on_own_thread, render
 
 
 def figures(prefill_2048_gflops: float, decode: dict[int, float], hf: dict[int, float]) -> Figures:
@@ -35,6 +36,20 @@ def test_targets_are_judged_on_the_measured_figures() -> None:
     )
 
 
+def test_a_yardstick_runs_on_a_thread_of_its_own_with_the_cores() -> None:
+    """The yardsticks get the engine's thread count on a thread that then ends; the caller
+    keeps its count, and a yardstick's error reaches the caller."""
+    before = torch.get_num_threads()
+    assert on_own_thread(torch.get_num_threads, before + 2) == before + 2
+    assert torch.get_num_threads() == before
+
+    def broken() -> None:
+        raise ValueError("no roofline")
+
+    with pytest.raises(ValueError, match="no roofline"):
+        on_own_thread(broken, 1)
+
+
 @pytest.mark.slow
 def test_quick_run_writes_every_figure(
     tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
@@ -42,11 +57,14 @@ def test_quick_run_writes_every_figure(
     # tiny-random borrows SmolLM2's tokenizer from the models dir under KVGATE_HOME.
     monkeypatch.setenv("KVGATE_HOME", str(smollm2_gguf.parent.parent))
     out, data = tmp_path / "engine.md", tmp_path / "engine.json"
+    threads = torch.get_num_threads()
     result = CliRunner().invoke(
         engine, ["--model", "tiny-random", "--quick", "--out", str(out), "--json", str(data)]
     )
     assert result.exit_code == 0, result.output
+    assert torch.get_num_threads() == threads  # the run gave the caller its count back
     figures = json.loads(data.read_text())
+    assert figures["threads"] == threads  # the engine's thread had them all
     assert set(figures["prefill_tps"]) == {"128", "512", "2048"}
     assert set(figures["decode_tps"]) == {"1", "8", "32"}
     assert set(figures["hf_prefill_tps"]) == {"128", "512", "2048"}
