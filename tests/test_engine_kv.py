@@ -76,6 +76,9 @@ def test_held_back_pages_return_only_when_given_back() -> None:
     assert pool.free_pages == 3 and pool.held_back == 1
     assert pages[0] not in pool.alloc(3)
     give_back()  # as the late reader's thread would
+    # Reading how many are used (as load() does on the event loop's thread) counts the page
+    # as free but leaves the free list alone: only the engine's thread moves pages.
+    assert pool.used_pages == 3 and pool.held_back == 1
     assert pool.alloc(1) == [pages[0]] and pool.held_back == 0
 
 

@@ -98,7 +98,10 @@ class KVPool:
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - self.free_pages
+        """Pages in use or held back. Safe to read from any thread, as ``load()`` does from
+        the event loop's: it changes nothing, whereas everything else here belongs to the
+        engine's thread (a free list changed under :meth:`alloc` hands one page out twice)."""
+        return self.num_pages - len(self._free) - len(self._returned)
 
     def alloc(self, n: int) -> list[int]:
         """Take ``n`` free pages; raises :class:`PoolExhausted` (taking none) if fewer are free."""
