@@ -9,9 +9,11 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+import httpx
 import stripe
 
 from gateway import accounts
+from gateway.web.routes import WEBHOOK_PATH
 
 WEBHOOK_SECRET = "whsec_test"
 TEAM_PRICE = "price_team_monthly"
@@ -53,6 +55,24 @@ def signed(body: dict[str, Any], secret: str = WEBHOOK_SECRET) -> tuple[bytes, d
     payload = json.dumps(body)
     header = stripe.WebhookSignature.generate_signature_header(payload, secret)
     return payload.encode(), {"stripe-signature": header, "content-type": "application/json"}
+
+
+async def deliver(client: httpx.AsyncClient, *events: dict[str, Any]) -> None:
+    """POST each of ``events``, signed, to the webhook on ``client``, in the order given."""
+    for evt in events:
+        body, headers = signed(evt)
+        response = await client.post(WEBHOOK_PATH, content=body, headers=headers)
+        assert response.status_code == 200, response.text
+
+
+def invoice(customer: str, subscription_id: str) -> dict[str, Any]:
+    """An invoice object of ``subscription_id`` (the fields the webhook reads)."""
+    return {
+        "id": f"in_{uuid.uuid4().hex[:10]}",
+        "object": "invoice",
+        "customer": customer,
+        "subscription": subscription_id,
+    }
 
 
 async def paying_team(

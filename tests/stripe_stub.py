@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class RecordingStripe(stripe.HTTPClient):
     fail_next: Counter[str] = field(default_factory=Counter)
     _replies: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     _ids: int = 0
+    #: Stripe's ids are unique across an account; tests share one database, so each stub
+    #: draws its ids from its own series rather than restarting at 000001.
+    _series: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -102,7 +106,7 @@ class RecordingStripe(stripe.HTTPClient):
     # --- recorded-shape answers ---------------------------------------------------------------
     def _id(self, prefix: str) -> str:
         self._ids += 1
-        return f"{prefix}_test_{self._ids:06d}"
+        return f"{prefix}_test_{self._series}{self._ids:06d}"
 
     def _answer(self, rec: Recorded) -> tuple[int, dict[str, Any]]:
         p = rec.params

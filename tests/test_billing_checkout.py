@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+
 import asyncpg
 import pytest
 from accounts_support import accounts_app, browser, form_token, sign_up
-from billing_support import TEAM_PRICE, WEBHOOK_SECRET
+from billing_support import TEAM_PRICE, WEBHOOK_SECRET, deliver, event, subscription
 from stripe_stub import RecordingStripe
 
 from gateway.billing.config import BillingConfig
@@ -81,3 +84,52 @@ async def test_unknown_plan_and_missing_stripe_are_explained(
         token = await form_token(client, page)
         off = await client.post(page + "/checkout", data={"csrf_token": token, "plan": "team"})
         assert off.status_code == 400 and "not set up" in off.text
+
+
+async def test_a_team_with_a_live_subscription_is_sent_to_the_portal_not_checkout(
+    pg_pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    stub = RecordingStripe()
+    app, _ = accounts_app(pg_pool, stub, billing=BILLING)
+    async with browser(app) as client:
+        account = await sign_up(client, caplog)
+        page = f"/console/teams/{account.team_id}/billing"
+        token = await form_token(client, page)
+        first = await client.post(page + "/checkout", data={"csrf_token": token, "plan": "team"})
+        assert first.status_code == 303
+        customer = await pg_pool.fetchval(
+            "SELECT customer_id FROM stripe_customers WHERE team_id = $1", account.team_id
+        )
+        sub_id, now = f"sub_{uuid.uuid4().hex[:12]}", int(time.time())
+        for status in ("active", "trialing", "past_due"):
+            await deliver(
+                client,
+                event(
+                    "customer.subscription.updated",
+                    subscription(sub_id, customer, status),
+                    now,
+                ),
+            )
+            shown = await client.get(page)
+            assert "<button>Upgrade</button>" not in shown.text
+            assert "Manage billing" in shown.text
+            again = await client.post(
+                page + "/checkout", data={"csrf_token": token, "plan": "team"}
+            )
+            assert again.status_code == 409, again.text
+            assert "already has a subscription" in again.text and "Manage billing" in again.text
+        assert len(stub.calls("/v1/checkout/sessions")) == 1  # no second subscription started
+        # Once it has ended, the team may subscribe again.
+        await deliver(
+            client,
+            event(
+                "customer.subscription.deleted",
+                subscription(sub_id, customer, "canceled"),
+                now + 1,
+            ),
+        )
+        shown = await client.get(page)
+        assert "<button>Upgrade</button>" in shown.text
+        anew = await client.post(page + "/checkout", data={"csrf_token": token, "plan": "team"})
+        assert anew.status_code == 303
+        assert len(stub.calls("/v1/checkout/sessions")) == 2

@@ -10,6 +10,7 @@ from dataclasses import replace
 import asyncpg
 import httpx
 import pytest
+import stripe
 from accounts_support import accounts_app
 from billing_support import (
     TEAM_PRICE,
@@ -76,6 +77,22 @@ async def test_bad_signature_is_400_and_changes_nothing(
         )
         is None
     )
+
+
+async def test_a_body_that_is_not_utf8_is_400_and_changes_nothing(
+    pg_pool: asyncpg.Pool, hook: httpx.AsyncClient
+) -> None:
+    before = await pg_pool.fetchval("SELECT count(*) FROM stripe_events")
+    body = b'{"id": "evt_test_\xff\xfe", "type": "invoice.paid"}'
+    header = stripe.WebhookSignature.generate_signature_header("anything", WEBHOOK_SECRET)
+    response = await hook.post(
+        WEBHOOK_PATH,
+        content=body,
+        headers={"stripe-signature": header, "content-type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    assert "UTF-8" in response.json()["error"]
+    assert await pg_pool.fetchval("SELECT count(*) FROM stripe_events") == before
 
 
 async def test_same_event_twice_changes_state_once(

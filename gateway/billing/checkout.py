@@ -10,11 +10,19 @@ from typing import Any
 
 import stripe
 
+from gateway.billing import subscriptions
 from gateway.billing.config import BillingConfig
 
 
 class CheckoutError(ValueError):
     """A checkout cannot be started; the message says why."""
+
+
+class AlreadySubscribed(CheckoutError):
+    """The team already has a live subscription; a second one would bill it twice.
+
+    Changing or cancelling the plan goes through the Stripe customer portal instead.
+    """
 
 
 async def customer_id(
@@ -55,10 +63,21 @@ async def checkout_url(
     plan: str,
     return_url: str,
 ) -> str:
-    """The URL of a Stripe Checkout page subscribing ``team_id`` to ``plan``."""
+    """The URL of a Stripe Checkout page subscribing ``team_id`` to ``plan``.
+
+    Raises :class:`AlreadySubscribed` while the team has a live (active, trialing or
+    past_due) subscription: a second one would charge the team twice, and ending either
+    would have to leave the other in force.
+    """
     price = config.prices.get(plan)
     if price is None:
         raise CheckoutError(f"Plan {plan!r} cannot be bought online; contact sales.")
+    status = await subscriptions.live_subscription(db, team_id)
+    if status is not None:
+        raise AlreadySubscribed(
+            f"This team already has a subscription ({status}). To change or cancel the plan, "
+            "or to update the card, use “Manage billing” (the Stripe billing portal)."
+        )
     customer = await customer_id(db, client, team_id, team_name, email)
     team_ref = {"team_id": str(team_id)}
     session = await client.v1.checkout.sessions.create_async(

@@ -3,7 +3,9 @@
 The event id is recorded in the same transaction that applies the event, so a redelivered
 event (Stripe retries until it sees a 2xx, and may send one twice) is acknowledged without
 being applied again, and an event whose processing failed is not recorded and can be
-retried. A bad signature is a 400 before anything is read from the body.
+retried. A bad signature is a 400 before the body is parsed, and so is a body that is not
+UTF-8 (Stripe only sends UTF-8 JSON). Events may arrive in any order:
+``gateway.billing.subscriptions`` orders them by Stripe's ``created`` time.
 """
 
 from __future__ import annotations
@@ -55,11 +57,11 @@ async def apply_event(db: asyncpg.Connection, config: BillingConfig, event: dict
     if kind in ("customer.subscription.created", "customer.subscription.updated"):
         await subscriptions.apply_subscription(db, config, team_id, obj, created)
     elif kind == "customer.subscription.deleted":
-        await subscriptions.end_subscription(db, team_id, obj["id"], created)
+        await subscriptions.end_subscription(db, config, team_id, obj, created)
     elif kind == "invoice.paid":
-        await subscriptions.paid(db, team_id)
+        await subscriptions.invoice_paid(db, team_id, created)
     elif kind == "invoice.payment_failed":
-        await subscriptions.start_grace(db, config, team_id)
+        await subscriptions.invoice_failed(db, config, team_id, created)
     await subscriptions.expire_grace(db)
     return True
 
@@ -87,6 +89,12 @@ class WebhookEndpoint:
             event = orjson.loads(payload)
         except stripe.SignatureVerificationError as exc:
             return JSONResponse({"error": f"Invalid Stripe signature: {exc.user_message}"}, 400)
+        except UnicodeDecodeError:
+            # stripe-python decodes the body before checking the signature; Stripe always
+            # sends UTF-8 JSON, so anything else is not from Stripe (or was mangled).
+            return JSONResponse(
+                {"error": "Body is not valid UTF-8; Stripe sends events as UTF-8 JSON."}, 400
+            )
         except orjson.JSONDecodeError:
             event = None
         if not _is_event(event):

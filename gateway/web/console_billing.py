@@ -13,7 +13,7 @@ import stripe
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from gateway.billing import checkout
+from gateway.billing import checkout, subscriptions
 from gateway.web import users
 from gateway.web.site import Site, text_field
 
@@ -27,8 +27,10 @@ class BillingViews:
         self.site = site
         self._stripe = stripe_client
 
-    async def page(self, request: Request, *, error: str | None = None) -> Response:
-        """``GET /console/teams/{id}/billing``."""
+    async def page(
+        self, request: Request, *, error: str | None = None, status: int = 400
+    ) -> Response:
+        """``GET /console/teams/{id}/billing``; with ``error``, that message and ``status``."""
         site = self.site
         user, team = await site.member(request)
         plans = await site.db.fetch(
@@ -41,7 +43,7 @@ class BillingViews:
         return site.render(
             request,
             "console/billing.html",
-            400 if error else 200,
+            status if error else 200,
             user=user,
             team=team,
             teams=await users.memberships(site.db, user.id),
@@ -50,6 +52,8 @@ class BillingViews:
             state=account["state"] if account else "none",
             grace_until=account["grace_until"] if account else None,
             has_customer=account is not None,
+            # A live subscription is changed in the portal, never by a second checkout.
+            subscription=await subscriptions.live_subscription(site.db, team.team_id),
             checkout_state=request.query_params.get("checkout"),
             error=error,
         )
@@ -81,6 +85,8 @@ class BillingViews:
                 plan=plan,
                 return_url=site.link(f"/console/teams/{team.team_id}/billing"),
             )
+        except checkout.AlreadySubscribed as exc:
+            return await self.page(request, error=str(exc), status=409)
         except checkout.CheckoutError as exc:
             return await self.page(request, error=str(exc))
         except stripe.StripeError as exc:
