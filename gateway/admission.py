@@ -38,6 +38,12 @@ class Decision:
     day_remaining: int
     lease: str | None
 
+    @property
+    def reserved_daily(self) -> bool:
+        """Whether admission added the reservation to the shared daily quota counter: a
+        lease decided in Postgres did, one decided locally while it was down did not."""
+        return self.lease is not None and self.reason != DEGRADED
+
 
 def rate_headers(plan: Plan, decision: Decision | None) -> dict[str, str]:
     """OpenAI's ``x-ratelimit-*`` headers (limits only when no decision was made yet)."""

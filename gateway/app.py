@@ -283,7 +283,8 @@ class _Call:
 
         async def body() -> AsyncIterator[bytes]:
             try:
-                async for piece in proxy.relay(first, chunks, self.req.wants_usage, self.outcome):
+                usage = proxy.UsageWanted(self.req.wants_usage, self.req.wants_continuous_usage)
+                async for piece in proxy.relay(first, chunks, usage, self.outcome):
                     yield piece
                 if self.outcome.status == 502:
                     self.gw.metrics.upstream_errors.labels(worker.worker_id, "midstream").inc()
@@ -330,7 +331,7 @@ class _Call:
                 prompt_tokens=out.prompt_tokens,
                 cached_tokens=out.cached_tokens,
                 completion_tokens=out.completion_tokens,
-                reserved_tokens=self.req.cost if self.decision.lease else 0,
+                reserved_tokens=self.req.cost if self.decision.reserved_daily else 0,
                 ttft_ms=None if ttft is None else ttft * 1000,
                 latency_ms=(now - self.started) * 1000,
                 status=out.status,

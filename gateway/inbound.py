@@ -22,6 +22,10 @@ from protocol.fields import CACHE_SALT_FIELDS
 _CHARS_PER_TOKEN = 4
 #: How much of the conversation's start names it when the client gives no session id.
 _SESSION_PREFIX_CHARS = 512
+#: Most choices one request may ask for (OpenAI's own limit on ``n``).
+MAX_CHOICES = 128
+#: ``max_tokens`` of a text completion that names none (OpenAI's default there).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass
@@ -34,13 +38,17 @@ class Inbound:
     stream: bool
     #: Whether the client asked for the usage chunk at the end of a stream.
     wants_usage: bool
+    #: Whether it also asked for usage on every chunk (``continuous_usage_stats``).
+    wants_continuous_usage: bool
     max_tokens: int
     prompt_estimate: int
+    #: choices asked for (``n``)
+    choices: int = 1
 
     @property
     def cost(self) -> int:
         """Tokens reserved at admission: the estimated prompt plus every possible completion."""
-        return self.prompt_estimate + self.max_tokens * int(self.body.get("n") or 1)
+        return self.prompt_estimate + self.max_tokens * self.choices
 
     def session(self, header: str | None) -> str:
         """The session key: ``X-Session-Id``, else ``user``, else the conversation's start."""
@@ -62,7 +70,12 @@ class Inbound:
         return f"c:{point(opening[:_SESSION_PREFIX_CHARS]):x}"
 
     def upstream_body(self, cache_salt: str) -> bytes:
-        """The body for the worker: the tenant's cache salt set, usage always requested."""
+        """The body for the worker: the tenant's cache salt set, usage always requested.
+
+        A stream asks for usage on every chunk (``continuous_usage_stats``, as SGLang and
+        vLLM name it), so that a stream cut short by either end is still metered with the
+        tokens it delivered; :mod:`gateway.proxy` gives the client only what it asked for.
+        """
         body = dict(self.body)
         for name in CACHE_SALT_FIELDS:
             body[name] = cache_salt
@@ -70,7 +83,11 @@ class Inbound:
         body.pop("max_completion_tokens", None)
         if self.stream:
             options = body.get("stream_options") or {}
-            body["stream_options"] = {**options, "include_usage": True}
+            body["stream_options"] = {
+                **options,
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
         return orjson.dumps(body)
 
 
@@ -93,7 +110,9 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
     if options is not None and not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
     wants_usage = bool(stream and options and options.get("include_usage"))
-    max_tokens = _max_tokens(body, plan)
+    continuous = wants_usage and bool(options and options.get("continuous_usage_stats"))
+    choices = _choices(body)
+    max_tokens = _max_tokens(body, plan, chat=chat)
     estimate = len(text) // _CHARS_PER_TOKEN + 1
     if estimate + max_tokens > plan.max_context:
         raise ApiError(
@@ -104,14 +123,33 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
             param="messages" if chat else "prompt",
             code="context_length_exceeded",
         )
-    return Inbound(chat, body, model, stream, wants_usage, max_tokens, estimate)
+    return Inbound(
+        chat, body, model, stream, wants_usage, continuous, max_tokens, estimate, choices
+    )
 
 
-def _max_tokens(body: dict[str, Any], plan: Plan) -> int:
+def _choices(body: dict[str, Any]) -> int:
+    """``n``, checked here because admission multiplies the reservation by it."""
+    value = body.get("n")
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}.", param="n")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], plan: Plan, *, chat: bool) -> int:
+    """The completion cap: the client's, checked against the plan, else the default.
+
+    With none given, a text completion gets OpenAI's 16 tokens and a chat completion the
+    plan's most.
+    """
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     value = body.get(name)
     if value is None:
-        return plan.max_max_tokens
+        if chat:
+            return plan.max_max_tokens
+        return min(COMPLETIONS_DEFAULT_MAX_TOKENS, plan.max_max_tokens)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ApiError(400, f"'{name}' must be a positive integer.", param=name)
     if value > plan.max_max_tokens:

@@ -56,6 +56,16 @@ class Outcome:
             self.cached_tokens = int(details.get("cached_tokens") or 0)
 
 
+@dataclass(frozen=True)
+class UsageWanted:
+    """What usage the client asked to see in its stream."""
+
+    #: the usage-only chunk at the end (``include_usage``)
+    final: bool
+    #: the running usage on every chunk too (``continuous_usage_stats``)
+    every_chunk: bool
+
+
 @dataclass
 class Reply:
     """A worker's answer read whole (non-streaming, or a stream refused with an error)."""
@@ -157,12 +167,14 @@ class Upstream:
 
 
 async def relay(
-    first: bytes, chunks: AsyncIterator[bytes], wants_usage: bool, outcome: Outcome
+    first: bytes, chunks: AsyncIterator[bytes], wanted: UsageWanted, outcome: Outcome
 ) -> AsyncIterator[bytes]:
     """The client's SSE stream: events passed through as whole events, usage noted.
 
-    The usage chunk (the one with ``usage`` and no choices) is dropped unless the client
-    asked for it. A transport failure ends the stream with an error event and ``[DONE]``.
+    The worker was asked for usage on every chunk, so ``outcome`` holds what a stream cut
+    short delivered; the client sees only the usage it asked for (``wanted``). An error
+    event from the worker marks the outcome failed (502). A transport failure ends the
+    stream with an error event and ``[DONE]``.
     """
     pending = b""
     chunk = first
@@ -170,7 +182,7 @@ async def relay(
         pending += chunk.replace(b"\r\n", b"\n")
         events, _, pending = pending.rpartition(b"\n\n")
         if events:
-            out = _filter(events + b"\n\n", wants_usage, outcome)
+            out = _filter(events + b"\n\n", wanted, outcome)
             outcome.complete = outcome.complete or _DONE in out
             if out:
                 if outcome.first_token_at is None:
@@ -192,19 +204,26 @@ async def relay(
 
 
 def _has_usage(event: bytes) -> bool:
-    """Whether ``event`` may carry usage numbers (workers send ``"usage": null`` on every
-    token chunk once usage is asked for; those need no JSON parse)."""
+    """Whether ``event`` may carry usage numbers (``"usage": null`` needs no JSON parse)."""
     count = event.count(b'"usage"')
     return count > event.count(b'"usage":null') + event.count(b'"usage": null')
 
 
-def _filter(events: bytes, wants_usage: bool, outcome: Outcome) -> bytes:
-    """Note usage in ``events`` and drop the usage-only event unless it was asked for."""
-    if not _has_usage(events):
+def _is_error(event: bytes) -> bool:
+    """Whether ``event`` is an in-band error (a JSON string's quotes are escaped, so
+    generated text cannot look like this key)."""
+    return event.startswith(b'data: {"error"')
+
+
+def _filter(events: bytes, wanted: UsageWanted, outcome: Outcome) -> bytes:
+    """Note usage in ``events`` and give the client only the usage it asked for."""
+    if not _has_usage(events) and b'"error"' not in events:
         return events
     kept = []
     for event in events.split(b"\n\n"):
-        if event.startswith(b"data: {") and _has_usage(event):
+        if _is_error(event):
+            outcome.status = 502
+        elif event.startswith(b"data: {") and _has_usage(event):
             try:
                 data = orjson.loads(event[6:])
             except orjson.JSONDecodeError:
@@ -212,8 +231,15 @@ def _filter(events: bytes, wants_usage: bool, outcome: Outcome) -> bytes:
                 continue
             if data.get("usage"):
                 outcome.take_usage(data["usage"])
-                if not data.get("choices") and not wants_usage:
-                    continue
+                if not data.get("choices"):  # the usage-only chunk at the end
+                    if not wanted.final:
+                        continue
+                elif not wanted.every_chunk:  # a token chunk with the running usage
+                    if wanted.final:
+                        data["usage"] = None
+                    else:
+                        del data["usage"]
+                    event = b"data: " + orjson.dumps(data)
         kept.append(event)
     return b"\n\n".join(kept)
 

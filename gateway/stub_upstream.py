@@ -69,9 +69,11 @@ class _Stub:
                 "prompt_tokens_details": {"cached_tokens": 0},
             }
             if body.get("stream"):
-                include = bool((body.get("stream_options") or {}).get("include_usage"))
+                options = body.get("stream_options") or {}
+                include = bool(options.get("include_usage"))
+                every = include and bool(options.get("continuous_usage_stats"))
                 return HangupAwareStream(
-                    self._events(body["model"], chat, n, usage if include else None),
+                    self._events(body["model"], chat, n, usage if include else None, every),
                     media_type="text/event-stream",
                 )
             return Response(
@@ -83,14 +85,19 @@ class _Stub:
             self.served += 1
 
     async def _events(
-        self, model: str, chat: bool, n: int, usage: dict[str, Any] | None
+        self, model: str, chat: bool, n: int, usage: dict[str, Any] | None, every: bool
     ) -> AsyncIterator[bytes]:
+        """One ``x`` per token; with ``every``, each chunk carries the usage so far."""
         self.streaming += 1
         try:
             for i in range(n):
                 if self.config.hang_after and i >= self.config.hang_after:
                     await asyncio.Event().wait()  # hang until killed or the client leaves
-                yield _event(_chunk(model, chat, "x", None if i < n - 1 else "length", usage))
+                chunk = _chunk(model, chat, "x", None if i < n - 1 else "length", usage)
+                if every and usage is not None:
+                    so_far = usage["prompt_tokens"] + i + 1
+                    chunk["usage"] = usage | {"completion_tokens": i + 1, "total_tokens": so_far}
+                yield _event(chunk)
             if usage is not None:
                 yield _event(_chunk(model, chat, None, None, usage))
             yield b"data: [DONE]\n\n"

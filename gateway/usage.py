@@ -2,7 +2,8 @@
 
 Requests never wait on a usage write. Rows collect in memory and a flusher writes them
 every ``flush_s`` seconds in one statement per batch that also maintains the daily roll-up
-and settles the daily token quota to the actual tokens. Each row carries a unique request
+and settles the daily token quota to the actual tokens (on the day of admission, which
+reserved the request's most). Each row carries a unique request
 id and is inserted with ``ON CONFLICT DO NOTHING``; the roll-up and the settlement are
 computed from the rows actually inserted, so a batch retried after a lost reply is counted
 once. While Postgres is unavailable rows wait (up to ``buffer_max``) and are retried.
@@ -68,14 +69,19 @@ WITH ins AS (
         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
         cached_tokens = usage_daily.cached_tokens + excluded.cached_tokens,
         completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens
-)
-UPDATE rate_daily d SET used = greatest(0, d.used + s.delta)
-FROM (
-    SELECT subject, (ts AT TIME ZONE 'UTC')::date AS day,
+), settle AS (
+    -- Against the day the request was admitted on (the row's time is its end), including
+    -- requests admitted locally while Postgres was down: they reserved nothing here
+    -- (reserved_tokens 0), so their whole use is added now.
+    SELECT subject, ((ts - latency_ms * interval '1 millisecond') AT TIME ZONE 'UTC')::date AS day,
            sum(prompt_tokens + completion_tokens - reserved_tokens) AS delta
-    FROM ins WHERE reserved_tokens > 0 GROUP BY 1, 2
-) s
-WHERE d.subject = s.subject AND d.day = s.day
+    FROM ins GROUP BY 1, 2
+)
+INSERT INTO rate_daily AS d (subject, day, used)
+SELECT subject, day, greatest(0, delta) FROM settle WHERE delta <> 0
+ON CONFLICT (subject, day) DO UPDATE SET used = greatest(
+    0, d.used + (SELECT s.delta FROM settle s WHERE s.subject = d.subject AND s.day = d.day)
+)
 """
 
 

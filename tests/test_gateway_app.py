@@ -176,7 +176,7 @@ async def test_team_salt_overwrites_client_salt_and_extras_pass(
     sent = next(b for b in reversed(seen) if b.get("seed") == 7)
     assert all(sent[f] == salt for f in CACHE_SALT_FIELDS)
     assert {k: sent[k] for k in extras} == extras
-    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
 async def test_every_request_leaves_one_usage_row(rig: Rig, pg_pool: asyncpg.Pool) -> None:

@@ -9,6 +9,7 @@ import asyncpg
 import httpx
 import pytest
 from gateway_support import (
+    apoll,
     deregister,
     gateway_process,
     poll,
@@ -123,6 +124,14 @@ async def test_client_hangup_aborts_the_upstream_request(
                 return httpx.get(stub_url + "/control/stats").json()["streaming"]
 
             assert streams() == 1
+            request_id = response.headers["x-request-id"]
             response.close()
         poll(lambda: streams() == 0, what="upstream stream closed after the client left")
+    # The token the client got is metered, prompt included: hanging up is not free.
+    row = await apoll(
+        lambda: pg_pool.fetchrow("SELECT * FROM usage WHERE request_id = $1", request_id),
+        lambda r: r is not None,
+        what="the hung-up request's usage row",
+    )
+    assert row["status"] == 499 and row["completion_tokens"] == 1 and row["prompt_tokens"] > 0
     await deregister(pg_pool, [worker])

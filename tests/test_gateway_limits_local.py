@@ -98,6 +98,9 @@ async def test_a_limiter_without_postgres_decides_locally_with_the_same_shape(
     ]
     assert [d.reason for d in up] == [None] * 5 + [PER_MINUTE] * 2
     assert [d.reason for d in down] == [DEGRADED] * 5 + [PER_MINUTE] * 2
+    # Only Postgres added the reservations to the daily counter that usage settles against.
+    assert [d.reserved_daily for d in up] == [True] * 5 + [False] * 2
+    assert not any(d.reserved_daily for d in down)
 
 
 async def test_local_leases_are_released_here_not_queued_for_postgres(

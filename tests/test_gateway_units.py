@@ -1,17 +1,20 @@
-"""Pure parts of the gateway: routing bounds, circuit breaker, client IP, request parsing."""
+"""Pure parts of the gateway: routing bounds, circuit breaker, client IP, request parsing,
+relaying a worker's stream."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 
-from gateway import inbound
+from gateway import inbound, proxy
 from gateway.accounts import Plan
 from gateway.breaker import Breaker
 from gateway.client_ip import client_ip
 from gateway.errors import ApiError
+from gateway.proxy import Outcome
 from gateway.router import Router, bound
 from protocol.registry import WorkerInfo
 
@@ -113,9 +116,19 @@ def test_upstream_body_sets_salt_usage_and_max_tokens() -> None:
     req = _parse(stream=True, extra_key="mine", stream_options={"include_usage": False})
     body = orjson.loads(req.upstream_body("salt"))
     assert body["extra_key"] == body["cache_salt"] == "salt"
-    assert body["stream_options"] == {"include_usage": True}
+    # usage on every chunk, whatever the client asked: a cut stream is metered too
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert body["max_tokens"] == PLAN.max_max_tokens and not req.wants_usage
     assert _parse(max_completion_tokens=7).max_tokens == 7
+    # a text completion that names no cap gets OpenAI's 16 tokens, not the plan's most
+    assert _parse(chat=False).max_tokens == inbound.COMPLETIONS_DEFAULT_MAX_TOKENS
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    assert _parse(stream=True, stream_options=continuous).wants_continuous_usage
+    assert not _parse(stream=True, stream_options={"continuous_usage_stats": True}).wants_usage
+
+
+def test_choices_multiply_the_reservation() -> None:
+    assert _parse(max_tokens=10).cost == _parse(max_tokens=10, n=3).cost - 20
 
 
 @pytest.mark.parametrize(
@@ -125,9 +138,76 @@ def test_upstream_body_sets_salt_usage_and_max_tokens() -> None:
         ({"max_tokens": 101}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, "messages"),
         ({"stream_options": 3}, "stream_options"),
+        # a negative n once made a negative reservation: an unlimited daily quota
+        ({"n": -400}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": "abc"}, "n"),
+        ({"n": True}, "n"),
+        ({"n": inbound.MAX_CHOICES + 1}, "n"),
     ],
 )
 def test_invalid_requests_name_the_parameter(body: dict[str, object], param: str) -> None:
     with pytest.raises(ApiError) as info:
         _parse(**body)
     assert info.value.status == 400 and info.value.param == param
+
+
+def _sse(data: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _worker_stream(tokens: int) -> list[bytes]:
+    """A worker's stream when asked for usage on every chunk (as the gateway asks)."""
+
+    def usage(k: int) -> dict[str, object]:
+        details = {"cached_tokens": 2}
+        return {"prompt_tokens": 5, "completion_tokens": k, "prompt_tokens_details": details}
+
+    chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+    events = [_sse(chunk | {"usage": usage(k)}) for k in range(1, tokens + 1)]
+    return [*events, _sse({"choices": [], "usage": usage(tokens)}), b"data: [DONE]\n\n"]
+
+
+async def _relay(pieces: list[bytes], wanted: proxy.UsageWanted) -> tuple[list[dict], Outcome]:
+    async def rest() -> AsyncIterator[bytes]:
+        for piece in pieces[1:]:
+            yield piece
+
+    outcome = Outcome(status=200)
+    out = b"".join([e async for e in proxy.relay(pieces[0], rest(), wanted, outcome)])
+    events = [e[6:] for e in out.split(b"\n\n") if e.startswith(b"data: ")]
+    return [orjson.loads(e) for e in events if e != b"[DONE]"], outcome
+
+
+@pytest.mark.parametrize(
+    ("final", "every_chunk"), [(False, False), (True, False), (True, True)], ids=str
+)
+async def test_a_stream_shows_the_usage_asked_for_and_meters_it_all(
+    final: bool, every_chunk: bool
+) -> None:
+    events, outcome = await _relay(_worker_stream(3), proxy.UsageWanted(final, every_chunk))
+    tokens = [e for e in events if e["choices"]]
+    assert len(tokens) == 3 and outcome.complete
+    if every_chunk:
+        assert [e["usage"]["completion_tokens"] for e in tokens] == [1, 2, 3]
+    elif final:
+        assert all(e["usage"] is None for e in tokens)
+    else:
+        assert all("usage" not in e for e in tokens)
+    assert len(events) - len(tokens) == (1 if final else 0)  # the usage-only chunk
+    assert (outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens) == (5, 2, 3)
+
+
+async def test_a_stream_cut_short_is_metered_with_what_it_delivered() -> None:
+    """The worker died after two tokens: the client got them, and so does the usage row."""
+    _, outcome = await _relay(_worker_stream(4)[:2], proxy.UsageWanted(False, False))
+    assert not outcome.complete and outcome.status == 502
+    assert (outcome.prompt_tokens, outcome.completion_tokens) == (5, 2)
+
+
+async def test_an_error_event_from_the_worker_marks_the_request_failed() -> None:
+    error = _sse({"error": {"message": "generation failed", "code": 500}})
+    pieces = [_worker_stream(1)[0], error, b"data: [DONE]\n\n"]
+    events, outcome = await _relay(pieces, proxy.UsageWanted(False, False))
+    assert outcome.complete and outcome.status == 502
+    assert events[-1]["error"]["message"] == "generation failed"
