@@ -16,6 +16,7 @@ import asyncpg
 
 from gateway import accounts, keys
 from gateway.accounts import KeyOwner, Plan
+from gateway.client_ip import free_tier_key
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
 from gateway.errors import ApiError
 
@@ -26,7 +27,7 @@ _CACHE_MAX = 100_000
 class Principal:
     """The party a request is billed and limited as."""
 
-    #: Rate-limit subject: ``team:<id>`` or ``ip:<address>``.
+    #: Rate-limit subject: ``team:<id>``, or ``ip:<address>`` (an IPv6 client's /64).
     subject: str
     plan: Plan
     team_id: int | None
@@ -54,8 +55,9 @@ class Authenticator:
         """The caller; raises :class:`ApiError` 401 for bad keys, 503 when unverifiable."""
         if not authorization:
             plan = await self._free_plan()
-            salt = hashlib.sha256(f"free:{client_ip}".encode()).hexdigest()[:32]
-            return Principal(f"ip:{client_ip}", plan, None, None, salt, client_ip)
+            client = free_tier_key(client_ip)
+            salt = hashlib.sha256(f"free:{client}".encode()).hexdigest()[:32]
+            return Principal(f"ip:{client}", plan, None, None, salt, client_ip)
         scheme, _, secret = authorization.partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not keys.well_formed(secret):

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gateway import accounts, keys
+from gateway.auth import Authenticator
 from kvgate.cli import cli
 
 
@@ -37,6 +38,18 @@ async def test_key_lookup_follows_revocation(pg_pool: asyncpg.Pool) -> None:
     assert revoked.revoked_at is not None
     assert await accounts.lookup_key(pg_pool, secret) is None
     assert await accounts.lookup_key(pg_pool, keys.mint().secret) is None
+
+
+async def test_free_tier_clients_in_one_ipv6_64_share_limits_and_cache(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    auth = Authenticator(pg_pool, ttl_s=2)
+    one = await auth.authenticate(None, "2001:db8:7:7::1")
+    same = await auth.authenticate(None, "2001:db8:7:7:abcd::2")
+    other = await auth.authenticate(None, "2001:db8:7:8::1")
+    assert (one.subject, one.cache_salt) == (same.subject, same.cache_salt)
+    assert one.subject != other.subject and one.cache_salt != other.cache_salt
+    assert same.client_ip == "2001:db8:7:7:abcd::2"  # usage rows keep the real address
 
 
 async def test_admin_errors_say_what_to_do(pg_pool: asyncpg.Pool) -> None:

@@ -12,7 +12,7 @@ import pytest
 from gateway import inbound, proxy
 from gateway.accounts import Plan
 from gateway.breaker import Breaker
-from gateway.client_ip import client_ip
+from gateway.client_ip import client_ip, free_tier_key
 from gateway.errors import ApiError
 from gateway.proxy import Outcome
 from gateway.router import Router, bound
@@ -87,6 +87,15 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
     assert client_ip("10.0.0.1", "1.2.3.4", trusted) == "1.2.3.4"
     assert client_ip("10.0.0.1", "6.6.6.6, 1.2.3.4, 10.0.0.9", trusted) == "1.2.3.4"
     assert client_ip("10.0.0.1", "junk", trusted) == "10.0.0.1"
+
+
+def test_the_free_tier_knows_an_ipv6_client_by_its_64() -> None:
+    """Every address of a /64 is one client (else each would get fresh limits); an
+    IPv4-mapped address is its IPv4 address."""
+    a, b = free_tier_key("2001:db8:1:2::1"), free_tier_key("2001:db8:1:2:ffff::9")
+    assert a == b == "2001:db8:1:2::/64"
+    assert free_tier_key("2001:db8:1:3::1") != a
+    assert free_tier_key("::ffff:203.0.113.7") == free_tier_key("203.0.113.7") == "203.0.113.7"
 
 
 def _parse(chat: bool = True, **body: object) -> inbound.Inbound:
