@@ -106,12 +106,16 @@ async def list_teams(db: Any) -> list[Team]:
 
 
 async def create_key(db: Any, team: str, name: str = "") -> tuple[KeyInfo, str]:
-    """A new key for ``team``; returns its listing and the secret (which is not stored)."""
+    """A new key for ``team``; returns its listing and the secret (which is not stored).
+
+    It shares the team's row lock, so it waits for a suspension being committed and is
+    then born revoked like the team's other keys (``gateway.admin.teams.suspend``).
+    """
     new = keys.mint()
     row = await db.fetchrow(
         """
         INSERT INTO api_keys (team_id, name, prefix, key_hash)
-        SELECT id, $2, $3, $4 FROM teams WHERE name = $1
+        SELECT id, $2, $3, $4 FROM teams WHERE name = $1 FOR SHARE
         RETURNING id, $1::text, name, prefix, created_at, revoked_at
         """,
         team,

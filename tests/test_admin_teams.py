@@ -3,6 +3,8 @@ gateway (and a key made during it), unsuspension restores exactly the keys it bl
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import httpx
 import pytest
@@ -134,3 +136,32 @@ async def test_a_key_revoked_during_a_suspension_stays_revoked_after_it(
         )
     )
     assert state == {kept.id: False, dropped.id: True}
+
+
+async def test_a_key_made_while_a_suspension_commits_is_born_revoked(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    """The key is asked for after the suspension revoked the team's keys but before it
+    committed: it must not come out active."""
+    team = await accounts.create_team(pg_pool, unique("race"))
+    async with pg_pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await teams.suspend(conn, team.id, None, "abuse")
+        create = asyncio.create_task(accounts.create_key(pg_pool, team.name, "sneaky"))
+
+        async def waiting_or_done() -> bool:
+            waiting = await pg_pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO api_keys%'"
+            )
+            return create.done() or waiting > 0
+
+        await apoll(waiting_or_done, bool, what="the key's insert has run or waits")
+        await tx.commit()
+    info, _ = await create
+    revoked_at = await pg_pool.fetchval("SELECT revoked_at FROM api_keys WHERE id = $1", info.id)
+    kept = await pg_pool.fetchval(
+        "SELECT key_ids FROM team_suspensions WHERE team_id = $1", team.id
+    )
+    assert revoked_at is not None and info.id in kept  # and restored on unsuspension

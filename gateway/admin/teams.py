@@ -84,8 +84,14 @@ async def keys(db: Any, team_id: int) -> list[KeyRow]:
     return [KeyRow(*r) for r in rows]
 
 
-async def suspend(conn: Any, team_id: int, by: int, reason: str) -> list[int]:
-    """Suspend ``team_id``: revoke its active keys; returns their ids. Run in a transaction."""
+async def suspend(conn: Any, team_id: int, by: int | None, reason: str) -> list[int]:
+    """Suspend ``team_id``: revoke its active keys; returns their ids. Run in a transaction.
+
+    The team's row is locked first, as :func:`gateway.accounts.create_key` shares it: a key
+    made while this runs waits for the commit and is then born revoked (by the trigger on
+    ``api_keys``), instead of slipping between the revocation and the commit, active.
+    """
+    await conn.execute("SELECT 1 FROM teams WHERE id = $1 FOR UPDATE", team_id)
     inserted = await conn.fetchval(
         "INSERT INTO team_suspensions (team_id, suspended_by, reason) VALUES ($1, $2, $3) "
         "ON CONFLICT (team_id) DO NOTHING RETURNING team_id",
