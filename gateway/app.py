@@ -13,22 +13,19 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
-import anyio
 import asyncpg
-import orjson
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import inbound, proxy
-from gateway.admission import DEGRADED, Decision, rate_headers, refusal_message
-from gateway.auth import Authenticator, Principal
+from gateway.admission import DEGRADED, rate_headers, refusal_message
+from gateway.auth import Authenticator
 from gateway.breaker import Breaker
+from gateway.call import PATHS, Call
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
@@ -41,15 +38,10 @@ from gateway.openapi import document
 from gateway.router import Router
 from gateway.site.headers import SecurityHeadersMiddleware
 from gateway.site.routes import site_routes
-from gateway.streaming import HangupAwareStream
-from gateway.usage import UsageRecorder, UsageRow
+from gateway.usage import UsageRecorder
 from gateway.web.mailer import Mailer
 from gateway.web.routes import accounts_routes
 from gateway.web.site import Site
-from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
-from protocol.registry import WorkerInfo
-
-_PATHS = {True: "/v1/chat/completions", False: "/v1/completions"}
 
 
 class Gateway:
@@ -144,7 +136,7 @@ class Gateway:
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         started = time.perf_counter()
-        endpoint = _PATHS[chat]
+        endpoint = PATHS[chat]
         peer = request.client.host if request.client else None
         ip = client_ip(peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies)
         try:
@@ -172,7 +164,7 @@ class Gateway:
         headers = rate_headers(who.plan, decision)
         if decision.reason == DEGRADED:
             self.metrics.degraded.labels("limits").inc()
-        call = _Call(self, who, req, decision, request.scope["state"]["request_id"], started)
+        call = Call(self, who, req, decision, request.scope["state"]["request_id"], started)
         if not decision.allowed:
             assert decision.reason is not None
             self.metrics.rate_limited.labels(decision.reason, who.plan.name).inc()
@@ -184,168 +176,11 @@ class Gateway:
                     headers=headers,
                 )
             )
-        return await call.forward(request.headers.get(SESSION_HEADER), headers)
+        return await call.forward(request, headers)
 
     def _free_slots(self) -> int:
         capacity = sum(w.capacity for w in self.router.workers())
         return math.floor(self.config.free_share * capacity)
-
-
-class _Call:
-    """One admitted request on its way through routing, proxying and metering."""
-
-    def __init__(
-        self,
-        gw: Gateway,
-        who: Principal,
-        req: inbound.Inbound,
-        decision: Decision,
-        request_id: str,
-        started: float,
-    ) -> None:
-        self.gw = gw
-        self.who = who
-        self.req = req
-        self.decision = decision
-        self.request_id = request_id
-        self.started = started
-        self.outcome = proxy.Outcome()
-        self.worker = ""
-        self.upstream_s = 0.0
-
-    async def forward(self, session_header: str | None, headers: dict[str, str]) -> Response:
-        """Route, proxy (retrying other workers before the first byte) and respond."""
-        gw, cfg = self.gw, self.gw.config
-        session = self.req.session(session_header)
-        body = self.req.upstream_body(self.who.cache_salt)
-        upstream_headers = {"content-type": "application/json", REQUEST_ID_HEADER: self.request_id}
-        tried: set[str] = set()
-        path = _PATHS[self.req.chat]
-        for _ in range(cfg.max_attempts):
-            worker = gw.router.choose(
-                self.req.model, session, lambda w: w not in tried and gw.breaker.allows(w)
-            )
-            if worker is None:
-                break
-            tried.add(worker.worker_id)
-            gw.router.acquire(worker.worker_id)
-            sent = time.perf_counter()
-            try:
-                if self.req.stream:
-                    answer = await gw.upstream.open_stream(
-                        worker.url + path, body, upstream_headers
-                    )
-                else:
-                    answer = await gw.upstream.fetch(worker.url + path, body, upstream_headers)
-            except proxy.UpstreamUnavailable as exc:
-                gw.router.release(worker.worker_id)
-                gw.breaker.failure(worker.worker_id)
-                gw.metrics.upstream_errors.labels(worker.worker_id, exc.kind).inc()
-                continue
-            gw.breaker.success(worker.worker_id)
-            self.worker = worker.worker_id
-            self.upstream_s = time.perf_counter() - sent
-            if isinstance(answer, proxy.Stream):
-                return self._stream(worker, answer, headers)
-            gw.router.release(worker.worker_id)
-            return self._plain(answer, headers)
-        return self.finish_error(
-            ApiError(
-                503,
-                f"No worker could take this request for model {self.req.model!r} "
-                f"(tried {len(tried)}); retry shortly.",
-                code="no_worker_available",
-                headers={**headers, "retry-after": "1"},
-            )
-        )
-
-    def _plain(self, reply: proxy.Reply, headers: dict[str, str]) -> Response:
-        """A whole answer (non-streaming, or a worker's refusal of a stream) passed on."""
-        self.outcome.status = reply.status
-        if reply.status == 200 and not self.req.stream:
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                self.outcome.take_usage(orjson.loads(reply.body).get("usage"))
-        self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
-        return Response(
-            reply.body,
-            reply.status,
-            headers,
-            media_type=reply.content_type,
-            background=BackgroundTask(self._finish),
-        )
-
-    def _stream(
-        self, worker: WorkerInfo, stream: proxy.Stream, headers: dict[str, str]
-    ) -> Response:
-        self.outcome.status = 200
-        self.gw.metrics.added.observe(time.perf_counter() - self.started - self.upstream_s)
-        chunks, first = stream.chunks, stream.first
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                usage = proxy.UsageWanted(self.req.wants_usage, self.req.wants_continuous_usage)
-                async for piece in proxy.relay(first, chunks, usage, self.outcome):
-                    yield piece
-                if self.outcome.status == 502:
-                    self.gw.metrics.upstream_errors.labels(worker.worker_id, "midstream").inc()
-            except BaseException:
-                if not self.outcome.complete:
-                    self.outcome.status = 499  # the client went away: abort upstream below
-                raise
-            finally:
-                # Shielded: a hang-up cancels this task, and the lease and usage row must
-                # still be written.
-                with anyio.CancelScope(shield=True):
-                    stream.close(complete=self.outcome.complete)
-                    self.gw.router.release(worker.worker_id)
-                    await self._finish()
-
-        return HangupAwareStream(body(), 200, headers, media_type="text/event-stream")
-
-    def finish_error(self, error: ApiError) -> Response:
-        """Answer with ``error``, metered like any other request."""
-        self.outcome.status = error.status
-        return Response(
-            error.response().body,
-            error.status,
-            error.headers,
-            media_type="application/json",
-            background=BackgroundTask(self._finish),
-        )
-
-    async def _finish(self) -> None:
-        """Release the admission lease and record usage and metrics."""
-        gw, out, who = self.gw, self.outcome, self.who
-        now = time.perf_counter()
-        ttft = None if out.first_token_at is None else (out.first_token_at - self.started)
-        gw.usage.record(
-            UsageRow(
-                request_id=self.request_id,
-                ts=datetime.now(UTC),
-                team_id=who.team_id,
-                key_id=who.key_id,
-                client_ip=who.client_ip if who.anonymous else None,
-                subject=who.subject,
-                model=self.req.model,
-                worker=self.worker,
-                prompt_tokens=out.prompt_tokens,
-                cached_tokens=out.cached_tokens,
-                completion_tokens=out.completion_tokens,
-                reserved_tokens=self.req.cost if self.decision.reserved_daily else 0,
-                ttft_ms=None if ttft is None else ttft * 1000,
-                latency_ms=(now - self.started) * 1000,
-                status=out.status,
-            )
-        )
-        endpoint = _PATHS[self.req.chat]
-        gw.metrics.requests.labels(endpoint, str(out.status), who.plan.name).inc()
-        gw.metrics.latency.labels(endpoint).observe(now - self.started)
-        if ttft is not None:
-            gw.metrics.ttft.observe(ttft)
-        gw.metrics.tokens.labels("prompt").inc(out.prompt_tokens)
-        gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
-        gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
-        gw.limiter.release(self.decision.lease)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

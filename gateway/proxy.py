@@ -8,6 +8,7 @@ OpenAI-style error event and ``data: [DONE]``: clients stop instead of hanging.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +28,13 @@ class UpstreamUnavailable(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+
+
+class UpstreamTimeout(Exception):
+    """A worker took a non-streamed request and sent nothing back within the read timeout.
+
+    Not retried: the worker may still be generating, and another would run it all again.
+    """
 
 
 #: What a failing worker connection raises (aiohttp's errors, and read timeouts).
@@ -120,16 +128,27 @@ class Upstream:
             await self._session.close()
 
     async def fetch(self, url: str, body: bytes, headers: dict[str, str]) -> Reply:
-        """A non-streaming call, body read; retryable failures raise :class:`UpstreamUnavailable`."""
+        """A non-streaming call, body read; retryable failures raise :class:`UpstreamUnavailable`,
+        a worker silent past the read timeout :class:`UpstreamTimeout`.
+
+        Cancelled (the client left), it closes the connection, which is how the worker
+        learns to abort the generation.
+        """
         assert self._session is not None
         try:
             async with self._session.post(url, data=body, headers=headers) as response:
                 if response.status >= 500:
                     raise UpstreamUnavailable("status", f"HTTP {response.status}")
-                content = await response.read()
+                try:
+                    content = await response.read()
+                except asyncio.CancelledError:
+                    response.close()
+                    raise
                 return Reply(response.status, response.content_type, content)
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnavailable("connect", repr(exc)) from exc
+        except aiohttp.SocketTimeoutError as exc:
+            raise UpstreamTimeout(repr(exc)) from exc
         except TRANSPORT_ERRORS as exc:
             raise UpstreamUnavailable("read", repr(exc)) from exc
 

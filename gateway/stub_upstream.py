@@ -3,7 +3,8 @@
 It answers chat and text completions (streaming or not) with fixed tokens and honest
 OpenAI shapes, so the gateway can be exercised without a GPU or weights. Its controls
 serve tests: ``/control/stats`` (served and in-flight counts), ``/control/requests`` (the
-bodies it received), ``/control/release`` (lets held requests go, with ``hold``), and
+bodies it received), ``/control/release`` (lets held requests go, with ``hold``; a held
+request whose caller leaves ends at once), and
 ``hang_after`` (stop mid-stream after N chunks and wait to be killed).
 
 Run as ``python -m gateway.stub_upstream --port P``.
@@ -27,6 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.streaming import HangupAwareStream
+from protocol.disconnect import until_disconnect
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,8 @@ class _Stub:
         self.bodies.append(body)
         self.inflight += 1
         try:
-            if self.config.hold:
-                await self.release.wait()
+            if self.config.hold and await until_disconnect(request, self._released) is None:
+                return Response(status_code=499)  # the caller left while held
             chat = request.url.path.endswith("chat/completions")
             n = max(1, min(int(body.get("max_tokens") or 4), 64))
             prompt_tokens = len(orjson.dumps(body.get("messages") or body.get("prompt"))) // 4
@@ -103,6 +105,10 @@ class _Stub:
             yield b"data: [DONE]\n\n"
         finally:
             self.streaming -= 1
+
+    async def _released(self) -> bool:
+        await self.release.wait()
+        return True
 
     async def stats(self, request: Request) -> Response:
         return Response(

@@ -3,6 +3,8 @@ a client hanging up. Upstreams are ``gateway.stub_upstream`` processes (not mode
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -134,4 +136,39 @@ async def test_client_hangup_aborts_the_upstream_request(
         what="the hung-up request's usage row",
     )
     assert row["status"] == 499 and row["completion_tokens"] == 1 and row["prompt_tokens"] > 0
+    await deregister(pg_pool, [worker])
+
+
+async def test_a_non_streamed_client_that_leaves_ends_its_upstream_request(
+    gw: tuple[str, str], pg_pool: asyncpg.Pool
+) -> None:
+    """The worker stops waiting (generating, for a real one) as soon as the client leaves,
+    and the usage row says 499."""
+    url, key = gw
+    model, worker = unique("m-leave"), unique("w-leave")
+    with stub_upstream(worker, "--hold") as (stub_url, _):
+        await register_workers(pg_pool, model, {worker: stub_url})
+        await _ready(url, model)
+
+        body = {"model": model, "max_tokens": 10, "prompt": "hi", "user": unique("u")}
+        headers = {"authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def inflight() -> int:
+                return (await client.get(stub_url + "/control/stats")).json()["inflight"]
+
+            call = asyncio.create_task(
+                client.post(url + "/v1/completions", json=body, headers=headers)
+            )
+            await apoll(inflight, lambda n: n == 1, what="the request held at the worker")
+            call.cancel()  # the client gives up: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            await apoll(inflight, lambda n: n == 0, what="the worker's request ended")
+    row = await apoll(
+        lambda: pg_pool.fetchrow("SELECT status FROM usage WHERE model = $1", model),
+        lambda r: r is not None,
+        what="the usage row",
+    )
+    assert row["status"] == 499
     await deregister(pg_pool, [worker])
