@@ -14,6 +14,7 @@ Postgres is the configured one, else an embedded PostgreSQL started for the run.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import statistics
 import tempfile
@@ -39,6 +40,8 @@ PAGE_TOKENS = 64
 GEOMETRY = {"layer_num": 30, "head_num": 3, "head_dim": 64}
 THREADS = 8  # the NAS tier's thread pool
 CHAIN = 128  # pages per SGLang storage query (its STORAGE_BATCH_SIZE)
+#: stands in for the weights fingerprint: the pages are random, no model computed them
+BENCH_WEIGHTS = "sha256:" + hashlib.sha256(b"kvgate bench sglang: random pages").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ def _raw_read(directory: Path, dst: np.ndarray) -> None:
 def measure(nas_dir: Path, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
     """Write and restore GB/s through the backend and raw, and exists latency."""
     options = SGLangBackendOptions(
-        nas_path=str(nas_dir), model="bench", get_deadline_s=120, set_deadline_s=120,
-        exists_deadline_s=30, write_queue_pages=plan.pages,
+        nas_path=str(nas_dir), model="bench", weights_fingerprint=BENCH_WEIGHTS,
+        get_deadline_s=120, set_deadline_s=120, exists_deadline_s=30,
+        write_queue_pages=plan.pages,
     )  # fmt: skip
     src = MHAHostPoolReplica(size=2 * plan.pages * PAGE_TOKENS, page_size=PAGE_TOKENS, **GEOMETRY)
     idx = src.alloc(plan.pages * PAGE_TOKENS)

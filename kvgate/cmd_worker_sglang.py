@@ -1,9 +1,11 @@
 """``kvgate worker-sglang`` (also reached as ``kvgate worker --engine sglang``): one GPU under SGLang.
 
-Builds SGLang's command line with our tiers as its HiCache storage backend, starts it,
-waits for ``/health``, and keeps it in the worker registry through the worker agent until
-SIGTERM, when it drains and stops it. ``--dry-run`` prints the command and exits; it needs
-neither SGLang, nor the model, nor a GPU.
+Hashes the weights SGLang will load (:mod:`kvgate.sglang_weights`: the backend keys every
+KV page by them, and the launch is refused when they cannot be found), builds SGLang's
+command line with our tiers as its HiCache storage backend, starts it, waits for
+``/health``, and keeps it in the worker registry through the worker agent until SIGTERM,
+when it drains and stops it. ``--dry-run`` prints the command and exits; it needs neither
+SGLang, nor the model, nor a GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import click
 
 from kvgate.settings import Settings, load_settings
+from kvgate.sglang_weights import SGLangWeights, WeightsUnavailable, resolve_weights, split_revision
 from tiering.sglang_options import (
     DATABASE_URL_ENV,
     S3_ACCESS_KEY_ENV,
@@ -33,6 +36,11 @@ from workers.sglang.command import (
 
 #: Advertised capacity when neither --capacity nor --max-running-requests is given.
 DEFAULT_CAPACITY = 64
+
+#: What ``--dry-run`` shows for the weights fingerprint, which only a real launch computes
+#: (hashing gigabytes is no dry run). Not a content digest, so a backend given it refuses
+#: to start: a printed command run by hand cannot key pages by the name alone.
+DRY_RUN_WEIGHTS = "<sha256 of the weights, computed at launch>"
 
 
 class EngineSwitch(click.Command):
@@ -91,8 +99,16 @@ def _pop_engine(args: list[str]) -> tuple[list[str], str | None]:
     return rest, engine
 
 
-def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchSpec:
-    """The launch spec for ``model`` from the settings and the command-line options."""
+def launch_spec(
+    settings: Settings, model: str, weights: SGLangWeights | None, **opts: object
+) -> SGLangLaunchSpec:
+    """The launch spec for ``model`` from the settings and the command-line options.
+
+    ``weights`` (see :mod:`kvgate.sglang_weights`) gives the backend the fingerprint its
+    keys fold in and pins a Hub model's revision; None, for ``--dry-run`` only, shows
+    :data:`DRY_RUN_WEIGHTS` in its place, which the backend refuses.
+    """
+    revision = opts.pop("revision", None)
     backend = SGLangBackendOptions(
         nas_path=str(Path(settings.nas_dir).resolve()),
         s3_endpoint=settings.s3_endpoint,
@@ -100,18 +116,24 @@ def launch_spec(settings: Settings, model: str, **opts: object) -> SGLangLaunchS
         s3_prefix=settings.s3_prefix,
         s3_region=settings.s3_region,
         model=str(opts.pop("served_model_name") or model),
+        weights_fingerprint=weights.fingerprint if weights else DRY_RUN_WEIGHTS,
     )
     return SGLangLaunchSpec(
         model=model,
         backend=backend,
         served_model_name=backend.model if backend.model != model else None,
+        revision=(weights.revision if weights else None) or revision,  # type: ignore[arg-type]
         python=settings.sglang_python or sys.executable,
         **opts,  # type: ignore[arg-type]
     )
 
 
 @click.command("worker-sglang")
-@click.option("--model", required=True, help="Hugging Face id or local path of the model.")
+@click.option(
+    "--model",
+    required=True,
+    help="Local path of the model, or its Hugging Face id once downloaded to the Hub cache.",
+)
 @click.option("--gpu", type=int, default=0, show_default=True, help="CUDA device index.")
 @click.option("--host", default=None, help="Bind address [default: settings bind_host].")
 @click.option("--port", type=int, default=None, help="HTTP port [default: settings worker_port].")
@@ -168,15 +190,29 @@ def worker_sglang(
 ) -> None:
     """Serve MODEL with SGLang on one GPU, KV spilling to our NAS and object store.
 
-    Arguments after `--` go to SGLang unchanged.
+    KV pages are keyed by the content of the weights, so they are hashed before SGLang
+    starts (once per file version): MODEL is a local path, or a Hub id already in the
+    Hugging Face cache, whose commit the launch pins. Arguments after `--` go to SGLang
+    unchanged, but for a `--revision`, replaced by the commit it names in the cache.
     """
     settings = load_settings()
+    revision, extra_args = split_revision(extra_args)
+    weights = None
+    if not dry_run:  # hashing the weights is no dry run: it shows DRY_RUN_WEIGHTS instead
+        try:
+            weights = resolve_weights(
+                model, settings.models_dir / "fingerprints", revision=revision
+            )
+        except WeightsUnavailable as exc:
+            raise click.ClickException(str(exc)) from exc
     spec = launch_spec(
         settings,
         model,
+        weights,
         host=host or settings.bind_host,
         port=port or settings.worker_port,
         extra_args=extra_args,
+        revision=revision,
         **opts,
     )
     if dry_run:

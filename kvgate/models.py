@@ -80,33 +80,58 @@ def served_model_id(worker_model: str | None) -> str:
     return (path.stem if path.is_file() else path.name).lower()
 
 
+#: Files of a model directory whose bytes decide the KV a model computes: its config and
+#: weights in every format a loader may pick (safetensors, GGUF, PyTorch pickles), and
+#: Python modeling code (a ``trust_remote_code`` model runs it).
+WEIGHTS_SUFFIXES = frozenset({".safetensors", ".gguf", ".bin", ".pt", ".pth"})
+_MODEL_FILE_SUFFIXES = WEIGHTS_SUFFIXES | {".py"}
+
+
 def weights_fingerprint(worker_model: str | None, cache_dir: Path, *, device_type: str) -> str:
     """What identifies the weights ``worker_model`` names, for keying their KV pages.
 
     Workers that share the NAS and the object store exchange KV pages, which are only
     interchangeable between identical weights: the served id is not enough (two fine-tunes
     saved as ``model.gguf``, a file replaced in place). So: the registry's sha256 for the
-    default model (its file is verified against it), the sha256 of a weights file, or of a
-    directory's ``config.json`` and ``*.safetensors`` (hashed once per file version, the
-    hashes remembered under ``cache_dir``); a random model's spec and the device type it is
-    made on (the same seed gives other weights on another device's generator).
+    default model (its file is verified against it), the :func:`content_fingerprint` of a
+    weights file or directory; a random model's spec and the device type it is made on
+    (the same seed gives other weights on another device's generator).
     """
     if worker_model is None:
         return "sha256:" + spec_for(DEFAULT_MODEL).sha256
     if is_random_spec(worker_model):
         return f"{worker_model}@{device_type}"
+    return content_fingerprint(Path(worker_model), cache_dir)
+
+
+def content_fingerprint(path: Path, cache_dir: Path) -> str:
+    """``sha256:…`` of a weights file, or of a model directory's config and weights.
+
+    A directory's digest covers the name and sha256 of its ``config.json`` and of every
+    weights file (``*.safetensors``, ``*.gguf``, ``*.bin``, ``*.pt``, ``*.pth``) and
+    ``*.py`` modeling file; a directory with no weights file is refused (``ValueError``),
+    since its digest would not tell one set of weights from another. Each file is hashed
+    once per version, the hash remembered under ``cache_dir`` (see :func:`recorded_sha256`).
+    """
 
     def content(f: Path) -> str:
         record = cache_dir / (hashlib.sha256(str(f).encode()).hexdigest()[:32] + ".json")
         return recorded_sha256(f, record)
 
-    path = Path(worker_model).resolve()
+    path = path.resolve()
     if path.is_file():
         return "sha256:" + content(path)
+    files = [
+        f
+        for f in sorted(path.iterdir())
+        if f.is_file() and (f.name == "config.json" or f.suffix in _MODEL_FILE_SUFFIXES)
+    ]
+    if not any(f.suffix in WEIGHTS_SUFFIXES for f in files):
+        kinds = ", ".join(f"*{s}" for s in sorted(WEIGHTS_SUFFIXES))
+        raise ValueError(f"{path} holds no weights file ({kinds})")
     digest = hashlib.sha256()  # a directory: which file holds what matters too
-    for f in sorted(path.iterdir()):
-        if f.name == "config.json" or f.suffix == ".safetensors":
-            digest.update(f"{f.name}\0{content(f)}\n".encode())
+    for f in files:
+        digest.update(f"{f.name}\0{content(f)}\n".encode())
     return "sha256:" + digest.hexdigest()
 
 

@@ -21,6 +21,7 @@ from workers.engine.chat_template import ChatTemplate as Template
 from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
 from workers.engine.kv_pool import KVLayout
+from workers.engine.tiered_offload import compute_tag
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 from workers.engine.weights import is_random_spec, load_model_weights
 
@@ -154,6 +155,17 @@ def kv_layout(config: ModelConfig, options: EngineOptions) -> KVLayout:
     )
 
 
+def kv_compute(options: EngineOptions) -> str:
+    """How an engine with ``options`` computes its KV: compute dtype and device type
+    (``float32@cpu``); tier keys fold it in.
+
+    The KV dtype alone does not say it: a float32 model on CPU and a float16 one on CUDA
+    both keep float16 KV, but of other bytes, and each must restore only what it would
+    recompute itself.
+    """
+    return compute_tag(*options.resolved())
+
+
 @contextlib.contextmanager
 def running_engine(
     loaded: LoadedModel,
@@ -185,6 +197,7 @@ def running_engine(
             tiers=lower_tiers,
             model_fingerprint=loaded.fingerprint,
             layout=kv_layout(loaded.config, options.engine),
+            compute=kv_compute(options.engine),
             prefill_stats=prefill_stats,
         )
     try:

@@ -124,11 +124,14 @@ def tiered_offload(
     tiers: Collection[str] | None = None,
     model_fingerprint: str,
     layout: KVLayout,
+    compute: str,
     prefill_stats: Callable[[], tuple[int, float]] | None = None,
 ) -> TieredOffload:
     """The engine's ``offload=`` for the built-in worker, wired from ``settings``.
 
-    ``tiers`` and ``dsn`` choose the store's lower tiers and ledger, as in :func:`build_store`.
+    ``tiers`` and ``dsn`` choose the store's lower tiers and ledger, as in :func:`build_store`;
+    ``model_fingerprint``, ``layout`` and ``compute`` (the engine's compute dtype and device
+    type) scope the keys of its pages.
     """
     from workers.engine.tiered_offload import TieredOffload
 
@@ -136,6 +139,7 @@ def tiered_offload(
         lambda: build_store(settings, dsn, tiers),
         model_fingerprint=model_fingerprint,
         layout=layout,
+        compute=compute,
         fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1.0,
         prefill_stats=prefill_stats,
     )

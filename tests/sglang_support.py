@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +21,15 @@ from tiering.sglang_options import (
 )
 
 PAGE = 4  # tokens per page: small pages keep the tests fast, the code paths are the same
+
+
+def weights(name: str) -> str:
+    """A weights fingerprint (``sha256:…``) standing for the checkpoint ``name``."""
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+#: the weights every backend of these tests serves unless told otherwise
+WEIGHTS = weights("test-model v1")
 
 
 def backend_env(monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3: S3Endpoint) -> None:
@@ -36,6 +49,8 @@ def options(nas_dir: Path, s3: S3Endpoint, prefix: str, **kw: object) -> SGLangB
         "exists_deadline_s": 10.0,
         "get_deadline_s": 30.0,
         "set_deadline_s": 30.0,
+        "model": "test-model",
+        "weights_fingerprint": WEIGHTS,
         **kw,
     }
     return SGLangBackendOptions(
@@ -44,7 +59,6 @@ def options(nas_dir: Path, s3: S3Endpoint, prefix: str, **kw: object) -> SGLangB
         s3_bucket="kvtest",
         s3_prefix=prefix,
         s3_region=s3.region,
-        model="test-model",
         **fields,  # type: ignore[arg-type]
     )
 
@@ -53,9 +67,17 @@ def unique_prefix() -> str:
     return f"sg-{uuid.uuid4().hex[:12]}/"
 
 
-def host_pool(layout: str = "page_first", pages: int = 32) -> MHAHostPoolReplica:
+def host_pool(
+    layout: str = "page_first", pages: int = 32, storage_format_tag: str | None = None
+) -> MHAHostPoolReplica:
     return MHAHostPoolReplica(
-        size=pages * PAGE, page_size=PAGE, layer_num=3, head_num=2, head_dim=8, layout=layout
+        size=pages * PAGE,
+        page_size=PAGE,
+        layer_num=3,
+        head_num=2,
+        head_dim=8,
+        layout=layout,
+        storage_format_tag=storage_format_tag,
     )
 
 
@@ -74,3 +96,26 @@ def sglang_keys(n_pages: int, salt: str | None = None, first: int = 0) -> list[s
 
     tokens = list(range(first, first + n_pages * PAGE))
     return get_hash_str(tokens, storage_namespace_seed(None, salt), page_size=PAGE)
+
+
+@contextlib.contextmanager
+def backends(nas_dir: Path, s3: S3Endpoint, prefix: str) -> Iterator[Callable[..., Any]]:
+    """``make(pool=None, *, tp_rank=0, register=True, **options)``: a backend on ``nas_dir``
+    and ``s3`` under ``prefix``, as a fresh SGLang process attaches it; all closed on exit.
+
+    The secrets must be in the environment already (:func:`backend_env`).
+    """
+    made: list[Any] = []
+
+    def make(pool: MHAHostPoolReplica | None = None, **kw: Any) -> Any:
+        tp_rank, register = int(kw.pop("tp_rank", 0)), bool(kw.pop("register", True))
+        opts = options(nas_dir, s3, prefix, **kw)
+        backend = create_backend(opts, pool or host_pool(), tp_rank=tp_rank, register=register)
+        made.append(backend)
+        return backend
+
+    try:
+        yield make
+    finally:
+        for backend in made:
+            backend.close()

@@ -27,7 +27,7 @@ from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.engine import EngineOptions, TorchEngine
 from workers.engine.kv_pool import KVLayout, KVPool
 from workers.engine.model import LlamaModel
-from workers.engine.tiered_offload import TieredOffload
+from workers.engine.tiered_offload import TieredOffload, compute_tag
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu-check.sh runs it on one)"
@@ -141,7 +141,13 @@ def test_kv_restored_from_host_and_nas_gives_the_same_tokens_on_cuda(
     finally:
         cold.close()
 
-    offload = TieredOffload(build, model_fingerprint="cuda-test", layout=layout, fetch_timeout_s=30)
+    offload = TieredOffload(
+        build,
+        model_fingerprint="cuda-test",
+        layout=layout,
+        compute=compute_tag("cuda", getattr(torch, dtype)),
+        fetch_timeout_s=30,
+    )
     engine = _engine(model, dtype, pages=-(-(len(other) + 4) // PAGE), offload=offload)
     full = len(prompt) // PAGE * PAGE
     try:

@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from sglang_support import (
     PAGE,
     backend_env,
+    backends,
     create_backend,
     host_pool,
     options,
@@ -63,24 +64,8 @@ def make(
 ) -> Iterator[Make]:
     """Backends on this test's NAS dir and S3 prefix; each call is a fresh SGLang process."""
     backend_env(monkeypatch, pg_dsn, s3_server)
-    prefix = s3_prefix
-    made: list[HiCacheStorage] = []
-
-    def _make(pool: MHAHostPoolReplica | None = None, **kw: object) -> KvgateHiCacheStorage:
-        tp_rank = int(kw.pop("tp_rank", 0))  # type: ignore[call-overload]
-        register = bool(kw.pop("register", True))
-        backend = create_backend(
-            options(nas_dir, s3_server, prefix, **kw),
-            pool or host_pool(),
-            tp_rank=tp_rank,
-            register=register,
-        )
-        made.append(backend)
-        return backend  # type: ignore[return-value]
-
-    yield _make
-    for backend in made:
-        backend.close()
+    with backends(nas_dir, s3_server, s3_prefix) as _make:
+        yield _make
 
 
 def _pages(pool: MHAHostPoolReplica, indices: torch.Tensor) -> list[bytes]:
@@ -219,21 +204,6 @@ def test_a_corrupted_page_is_a_miss(make: Make, nas_dir: Path) -> None:
     assert set(_pages(dst, out)[1]) == {0}
     assert not path.exists()
     assert reader.batch_exists(keys) == 1
-
-
-def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
-    src = host_pool()
-    idx = src.alloc(2 * PAGE)
-    src.fill_random(idx, seed=4)
-    keys = sglang_keys(2, salt="tp")
-    rank0 = make(src, tp_rank=0)
-    rank0.batch_set_v1(keys, idx)
-    rank0.flush()
-    assert make(host_pool(), tp_rank=1).batch_exists(keys) == 0
-    reader = make(host_pool(), tp_rank=0)
-    assert reader.batch_exists(keys) == 2
-    # The same prompt from another team: SGLang seeds the chain with the team's cache salt.
-    assert reader.batch_exists(sglang_keys(2, salt="tp-other-team")) == 0
 
 
 def test_eight_threads_mixed_calls_are_correct(make: Make) -> None:

@@ -6,12 +6,14 @@ import json
 import shlex
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvgate.cli import cli
+from kvgate.cmd_worker_sglang import DRY_RUN_WEIGHTS
 from tiering.sglang_options import CLASS_NAME, MODULE_PATH, SGLangBackendOptions
 from workers.sglang.command import SGLangLaunchSpec
 
@@ -43,6 +45,7 @@ _FIELDS = [
     "enable_metrics",
     "served_model_name",
     "tp_size",
+    "revision",
 ]
 
 
@@ -100,9 +103,27 @@ def test_dry_run_command_is_accepted_by_sglang_parser(tmp_path: Path) -> None:
     assert extra["interface_v1"] == 1
     options = SGLangBackendOptions.from_extra_config(extra)
     assert options.model == "qwen2.5-7b"
+    # a dry run hashes nothing, and says so where the fingerprint goes
+    assert options.weights_fingerprint == DRY_RUN_WEIGHTS
     assert Path(options.nas_path) == (tmp_path / "home" / "nas").resolve()
     # No secret on the command line: ps and SGLang's logs would show it.
     assert "kvgate-secret" not in line and "postgres" not in line.lower()
+
+
+def test_a_revision_for_sglang_is_passed_on_once(tmp_path: Path) -> None:
+    line = _dry_run(tmp_path, "--model", "org/m", "--gpu", "1", "--", "--revision=v2")
+    assert shlex.split(line).count("--revision") == 1
+    assert _sglang_parse(line)["revision"] == "v2"
+
+
+def test_a_model_whose_weights_cannot_be_hashed_is_not_started(tmp_path: Path) -> None:
+    # Not a local path, and not in the Hugging Face cache: its pages could not be keyed.
+    env = {"KVGATE_HOME": str(tmp_path / "home"), "KVGATE_CONFIG": str(tmp_path / "none.toml")}
+    env["KVGATE_SGLANG_PYTHON"] = str(tmp_path / "never-run")
+    model = f"kvgate-test/never-downloaded-{uuid.uuid4().hex}"
+    result = CliRunner().invoke(cli, ["worker", "--engine", "sglang", "--model", model], env=env)
+    assert result.exit_code == 1, result.output
+    assert "download it first" in result.output and "starting SGLang" not in result.output
 
 
 def test_ratio_is_used_when_no_size_given(tmp_path: Path) -> None:

@@ -19,9 +19,11 @@ import asyncpg
 import httpx
 from gateway_support import apoll, unique
 
+from kvgate.models import content_fingerprint
 from kvgate.services.ports import free_port
 from kvgate.services.seaweed import S3Endpoint
 from protocol import registry
+from tiering.sglang_options import SGLangBackendOptions
 
 STAND_IN = """#!{python}
 # Stand-in for `python -m sglang.launch_server ...` (see the test module's docstring).
@@ -69,8 +71,12 @@ async def test_launcher_starts_registers_and_drains(
         "KVGATE_SGLANG_PYTHON": str(stand_in),
         "SGLANG_STAND_IN_RECORD": str(record),
     }
+    model = tmp_path / "tiny"  # SGLang is a stand-in: only the launcher reads these files
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    (model / "model.safetensors").write_bytes(b"tiny weights")
     cmd = [sys.executable, "-c", "from kvgate.cli import main; main()", "worker"]
-    cmd += ["--engine", "sglang", "--model", "org/tiny", "--served-model-name", "tiny-random"]
+    cmd += ["--engine", "sglang", "--model", str(model), "--served-model-name", "tiny-random"]
     cmd += ["--port", str(port), "--gpu", "3", "--worker-id", worker_id, "--capacity", "6"]
     log = tmp_path / "launcher.log"
     with log.open("wb") as sink:
@@ -83,6 +89,10 @@ async def test_launcher_starts_registers_and_drains(
         seen = json.loads(record.read_text())
         assert seen["argv"][:2] == ["-m", "sglang.launch_server"]
         assert "--enable-hierarchical-cache" in seen["argv"]
+        # the backend keys pages by the weights it was handed, hashed before SGLang started
+        extra = seen["argv"][seen["argv"].index("--hicache-storage-backend-extra-config") + 1]
+        options = SGLangBackendOptions.from_extra_config(json.loads(extra))
+        assert options.weights_fingerprint == content_fingerprint(model, tmp_path / "hashes")
         assert seen["env"] == {
             "CUDA_VISIBLE_DEVICES": "3",
             "DATABASE_URL": pg_dsn,

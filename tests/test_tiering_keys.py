@@ -36,13 +36,30 @@ def test_changing_an_early_token_changes_every_later_key() -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("tenant", "team-b"), ("model", "other"), ("dtype", "float16"), ("layout", "x")],
+    [
+        ("tenant", "team-b"),
+        ("model", "other"),
+        ("dtype", "float16"),
+        ("layout", "x"),
+        ("compute", "float32@cpu"),
+    ],
 )
 def test_namespaces_differing_in_any_field_share_no_keys(field: str, value: str) -> None:
     other = dataclasses.replace(NS, **{field: value})
     ids = list(range(32))
     assert other.digest != NS.digest
     assert not set(NS.page_keys(ids)) & set(other.page_keys(ids))
+
+
+def test_compute_scopes_keys_and_an_unset_compute_keeps_the_old_digest() -> None:
+    # The same weights and KV dtype computed in float32 or bfloat16 write other KV bytes.
+    f32, bf16 = (dataclasses.replace(NS, compute=c) for c in ("float32@cpu", "bfloat16@cpu"))
+    assert f32.digest != bf16.digest
+    assert not set(f32.page_keys(range(8))) & set(bf16.page_keys(range(8)))
+    # Without one, the digest is what it was before the field existed: stored pages stay keyed.
+    canon = b'{"dtype":"bfloat16","layout":"layer,token,kv,head,dim","model":"smollm2-135m@abc",'
+    canon += b'"page_size":4,"tenant":"team-a"}'
+    assert NS.digest == hashlib.sha256(b"kvgate/namespace/v1\0" + canon).digest()
 
 
 def test_start_skips_leading_keys_and_numpy_input_matches_lists() -> None:

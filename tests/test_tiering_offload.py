@@ -22,7 +22,7 @@ from tiering_support import fresh_database, object_config, read_only
 from kvgate.services.ports import free_port
 from kvgate.services.postgres import create_pool
 from kvgate.services.seaweed import S3Endpoint
-from kvgate.serving import kv_layout
+from kvgate.serving import kv_compute, kv_layout
 from tiering.cost import CostConfig, CostModel
 from tiering.ledger import Ledger
 from tiering.store import TieredStore
@@ -33,7 +33,6 @@ from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
 from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
-from workers.engine.kv_pool import KVLayout
 from workers.engine.tiered_offload import TieredOffload
 
 PAGE = 16
@@ -43,18 +42,16 @@ PAGE = 16
 OPTIONS = EngineOptions(device="cpu", dtype="float32", page_size=PAGE)
 
 
-def _layout(config: ModelConfig) -> KVLayout:
-    return kv_layout(config, OPTIONS)
-
-
-def _engine(config: ModelConfig, state: Any, pages: int, offload=None) -> TorchEngine:  # type: ignore[no-untyped-def]
-    pool_bytes = pages * PAGE * OPTIONS.kv_bytes_per_token(config)
-    return TorchEngine(config, state, replace(OPTIONS, kv_pool_bytes=pool_bytes), offload=offload)
+def _engine(
+    config: ModelConfig, state: Any, pages: int, offload=None, options: EngineOptions = OPTIONS
+) -> TorchEngine:  # type: ignore[no-untyped-def]  # fmt: skip
+    pool_bytes = pages * PAGE * options.kv_bytes_per_token(config)
+    return TorchEngine(config, state, replace(options, kv_pool_bytes=pool_bytes), offload=offload)
 
 
 def _offload(
     dsn: str | None, db: str | None, nas_dir: Path, obj_cfg: ObjectConfig | None, config,
-    fetch_timeout_s: float = 30,
+    fetch_timeout_s: float = 30, options: EngineOptions = OPTIONS,
 ) -> TieredOffload:  # type: ignore[no-untyped-def]  # fmt: skip
     async def build() -> TieredStore:
         res = contextlib.AsyncExitStack()
@@ -78,7 +75,8 @@ def _offload(
     return TieredOffload(
         build,
         model_fingerprint="test-model",
-        layout=_layout(config),
+        layout=kv_layout(config, options),
+        compute=kv_compute(options),
         fetch_timeout_s=fetch_timeout_s,
     )
 
@@ -334,3 +332,54 @@ async def test_a_pool_of_another_kv_dtype_never_loads_the_tiers_pages(nas_dir: P
         bf16.close()
         cold.close()
         offload.close()
+
+
+async def test_engines_computing_in_another_dtype_never_restore_each_others_pages(
+    nas_dir: Path,
+) -> None:
+    """Two CPU workers on one NAS, both keeping float16 KV, one computing in float32 and the
+    other in bfloat16: same weights, same KV layout, other KV bytes. The bfloat16 worker must
+    recompute the prompt rather than restore the float32 worker's pages."""
+    config, state = TINY.config, TINY.state_dict
+    bf16_options = replace(OPTIONS, dtype="bfloat16")
+    assert kv_layout(config, bf16_options) == kv_layout(config, OPTIONS)  # the pool can't tell
+    f32_tiers = _offload(None, None, nas_dir, None, config)
+    bf16_tiers = _offload(None, None, nas_dir, None, config, options=bf16_options)
+    f32 = _engine(config, state, pages=7, offload=f32_tiers)  # the other prompt fills it
+    bf16 = _engine(config, state, pages=7, offload=bf16_tiers, options=bf16_options)
+    cold_bf16 = _engine(config, state, pages=256, options=bf16_options)
+    prompt, other = _ids(70, 11, 512), _ids(100, 12, 512)
+    try:
+        await run(f32, "a", prompt, greedy(6))
+        await run(f32, "b", other, greedy(4))  # evicts the prompt's 4 pages to the NAS
+        f32_tiers.drain()
+        again = await run(bf16, "c", prompt, greedy(6))
+        assert again[-1].cached_tokens == 0, again[-1].cached_by_tier
+        assert tokens(again) == tokens(await run(cold_bf16, "cold", prompt, greedy(6)))
+        # the pages are on the NAS all the same: the float32 worker restores them from there
+        _on_store(f32_tiers, lambda s: s.host.clear())
+        assert (await run(f32, "d", prompt, greedy(6)))[-1].cached_by_tier.get("nas") == 64
+    finally:
+        for engine in (f32, bf16, cold_bf16):
+            engine.close()
+        f32_tiers.close()
+        bf16_tiers.close()
+
+
+def test_the_device_type_scopes_the_keys(nas_dir: Path) -> None:
+    """A CPU float16 worker and a CUDA one, both with float16 KV: one layout, two namespaces
+    (other kernels write other bytes). Only the device type counts, not its index."""
+    config = TINY.config
+    cpu = replace(OPTIONS, dtype="float16", kv_dtype="float16")
+    cuda, cuda1 = replace(cpu, device="cuda"), replace(cpu, device="cuda:1")
+    assert kv_layout(config, cpu) == kv_layout(config, cuda)
+    assert (kv_compute(cpu), kv_compute(cuda)) == ("float16@cpu", "float16@cuda")
+    assert kv_compute(cuda1) == kv_compute(cuda)
+    offloads = [_offload(None, None, nas_dir, None, config, options=o) for o in (cpu, cuda)]
+    try:
+        on_cpu, on_cuda = (o.namespace("team") for o in offloads)
+        assert on_cpu.digest != on_cuda.digest
+        assert set(on_cpu.page_keys(range(64))).isdisjoint(on_cuda.page_keys(range(64)))
+    finally:
+        for offload in offloads:
+            offload.close()

@@ -36,6 +36,8 @@ async def test_evicted_prefix_is_served_from_the_host_tier(
         assert isinstance(engine.offload, TieredOffload)
         # pages are keyed by the weights, not by the served name
         assert engine.offload.model_fingerprint == loaded.fingerprint == "tiny-random@cpu"
+        # and by how they are computed: float32 on CPU here (KV in float16 all the same)
+        assert engine.offload.compute == "float32@cpu"
         config = ServerConfig(tier_stats=engine.offload.stats)
         app = create_app(engine, loaded.tokenizer, loaded.chat_template, config)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:

@@ -2,9 +2,10 @@
 
 Each page of ``page_size`` tokens is named by ``sha256(previous_digest || token ids)``, token
 ids as little-endian uint32, and the chain starts from the digest of a :class:`Namespace`
-(tenant cache salt, model fingerprint, dtype, page size, layout). A page key therefore names
-the whole prefix up to and including that page, and two tenants sending the same prompt
-never share a key — no cross-tenant hits and no timing side channel.
+(tenant cache salt, model fingerprint, KV dtype, page size, layout, and how the KV was
+computed). A page key therefore names the whole prefix up to and including that page, and
+two tenants sending the same prompt never share a key — no cross-tenant hits and no timing
+side channel.
 """
 
 from __future__ import annotations
@@ -23,15 +24,31 @@ KEY_BYTES = 32
 _NS_DOMAIN = b"kvgate/namespace/v1\0"  # domain separation: a namespace digest is never a page key
 
 
+#: Fields left out of the digest while empty, so that adding one kept the digest of every
+#: namespace that does not set it (and so the keys of the pages already stored under it).
+_OPTIONAL_FIELDS = ("compute",)
+
+
 @dataclass(frozen=True)
 class Namespace:
-    """Everything that must match for two pages to be interchangeable."""
+    """Everything that must match for two pages to be interchangeable.
+
+    A restored page must be exactly what recomputing it would write, so every input of that
+    computation besides the tokens belongs here: the weights (``model``, a content
+    fingerprint, never a served name), the KV ``dtype``, the page geometry, and ``compute``.
+    """
 
     tenant: str
+    #: what identifies the weights the KV was computed with
     model: str
+    #: dtype the KV is stored in
     dtype: str
     page_size: int
     layout: str = "layer,token,kv,head,dim"
+    #: how the KV was computed beyond the weights: the model's compute dtype and the device
+    #: type (``float32@cpu``). The same weights computing in bfloat16, or on CUDA kernels,
+    #: write other KV bytes even when the KV dtype matches. Empty: folded in elsewhere.
+    compute: str = ""
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -39,8 +56,16 @@ class Namespace:
 
     @cached_property
     def digest(self) -> bytes:
-        """32-byte digest of the canonical JSON form of the fields; seeds every chain."""
-        canon = json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        """32-byte digest of the canonical JSON form of the fields; seeds every chain.
+
+        Optional fields that are empty are left out, so a namespace that does not set them
+        has the digest it had before they existed.
+        """
+        fields = asdict(self)
+        for name in _OPTIONAL_FIELDS:
+            if not fields[name]:
+                del fields[name]
+        canon = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(_NS_DOMAIN + canon).digest()
 
     def page_keys(self, token_ids: Sequence[int] | np.ndarray) -> list[bytes]:

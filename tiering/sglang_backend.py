@@ -15,9 +15,11 @@ counted: nothing ever raises into SGLang's threads, and SGLang simply recomputes
 
 Keys: SGLang names a page by a chained SHA-256 hex string that already covers the request's
 ``extra_key``/``cache_salt`` (so tenants never share a page). We fold it with the digest of
-a :class:`~tiering.keys.Namespace` made of the model, the tensor-parallel shard, the KV
-dtype, the host-pool layout and the page size, so that pages of different models or shards
-can never be confused. Both of SGLang's interfaces store the same page bytes (see
+a :class:`~tiering.keys.Namespace` made of the content fingerprint of the weights (computed
+by the launcher: a served name alone says nothing of the checkpoint behind it), the served
+name, the tensor-parallel shard, the KV dtype, the host-pool layout and its storage format
+tag, and the page size, so that pages of different weights, formats or shards can never be
+confused. Both of SGLang's interfaces store the same page bytes (see
 :mod:`tiering.sglang_pages`).
 
 This is an adapter, so torch is allowed here (the tiering core stays torch-free).
@@ -73,6 +75,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
         # SGLang's dynamic factory calls ``cls(storage_config, kwargs)``.
         self.storage_config = storage_config
         self.options = SGLangBackendOptions.from_extra_config(storage_config.extra_config)
+        self.weights_fingerprint = self.options.checked_weights_fingerprint()
         self.failures = FailureLog()
         self._counters: Counter[str] = Counter()
         self._counters_lock = threading.Lock()
@@ -108,13 +111,17 @@ class KvgateHiCacheStorage(HiCacheStorage):
             shard += f";cp={c.attn_cp_rank}/{c.attn_cp_size}"
         self._page_tokens = mem_pool_host.page_size
         self._page_bytes = mem_pool_host.get_size_per_token() * mem_pool_host.page_size
+        # A host pool with a page format of its own (SGLang's unified pool) stores other
+        # bytes for the same geometry; SGLang tags its storage name with it, and so do we.
+        tag = getattr(mem_pool_host, "storage_format_tag", None)
+        fmt = f";format={tag}" if tag else ""
         self._dtype = dtype
         self._namespace = Namespace(
             tenant="sglang",
-            model=self.options.model or c.model_name or "",
+            model=f"{self.weights_fingerprint};name={self.options.model or c.model_name or ''}",
             dtype=dtype,
             page_size=mem_pool_host.page_size,
-            layout=f"sglang:{mem_pool_host.layout}{shard}",
+            layout=f"sglang:{mem_pool_host.layout}{fmt}{shard}",
         )
 
     @property

@@ -32,9 +32,13 @@ class MHAHostPoolReplica:
         head_dim: int,
         dtype: torch.dtype = torch.bfloat16,
         layout: str = "page_first",
+        storage_format_tag: str | None = None,
     ) -> None:
         assert size % page_size == 0
         self.size, self.page_size, self.layout = size, page_size, layout
+        #: SGLang's ``HostKVCache.storage_format_tag``: None, or the name of a page format of
+        #: the pool's own (``"unified-token-major"`` for the unified pool)
+        self.storage_format_tag = storage_format_tag
         self.layer_num, self.head_num, self.head_dim = layer_num, head_num, head_dim
         self.dtype = dtype
         self.device = "cpu"
@@ -159,7 +163,7 @@ def attach(
         is_mla_model=False,
         enable_storage_metrics=True,
         is_page_first_layout=pool.layout == "page_first",
-        model_name=model_name,
+        model_name=storage_model_name(model_name, pool),
         # SGLang hands the parsed JSON of --hicache-storage-backend-extra-config.
         extra_config=options.to_extra_config(),
     )
@@ -167,3 +171,15 @@ def attach(
     if register:
         backend.register_mem_pool_host(pool)
     return backend
+
+
+def storage_model_name(model_name: str | None, pool: MHAHostPoolReplica) -> str | None:
+    """SGLang's name for storage keys, tagged with the pool's page format when it has one.
+
+    Copied from ``sglang/srt/managers/cache_controller.py`` (whose import chain needs GPU
+    kernels), which passes this to the backend as ``HiCacheStorageConfig.model_name``.
+    """
+    tag = pool.storage_format_tag
+    if tag is None:
+        return model_name
+    return f"{model_name}-{tag}" if model_name else tag

@@ -16,6 +16,7 @@ named here, which the launcher sets for the SGLang process.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from typing import Any
 MODULE_PATH = "tiering.sglang_backend"
 CLASS_NAME = "KvgateHiCacheStorage"
 BACKEND_NAME = "kvgate"
+
+#: What a weights fingerprint looks like (``kvgate.models.content_fingerprint``).
+_CONTENT_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 #: Environment variables the backend reads its secrets from.
 DATABASE_URL_ENV = "DATABASE_URL"
@@ -60,8 +64,14 @@ class SGLangBackendOptions:
     s3_bucket: str = "kvgate"
     s3_prefix: str = "kv/"
     s3_region: str = "us-east-1"
-    #: model identity folded into every key (the served model id or its path)
+    #: the served model id (or its path), folded into every key beside the weights
     model: str = ""
+    #: content digest of the weights SGLang loads (``sha256:`` and 64 hex digits), computed
+    #: by the launcher (``kvgate.sglang_weights``) and folded into every key: deployments
+    #: serving other weights under one name (a rolling upgrade, fine-tune v1 and v2, a file
+    #: replaced in place) never restore each other's KV. The backend refuses to start
+    #: without one (:meth:`checked_weights_fingerprint`).
+    weights_fingerprint: str = ""
     #: bytes of recently stored or fetched pages kept in this process. SGLang's own host
     #: pool already is the L2 and holds these very pages, so by default none are kept:
     #: keeping them would cost a copy on every write and every read for no extra hits
@@ -88,6 +98,22 @@ class SGLangBackendOptions:
         for name in ("host_bytes", "nas_threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+
+    def checked_weights_fingerprint(self) -> str:
+        """``weights_fingerprint``, when it is a content digest; ValueError saying how to get one.
+
+        Without it pages would be keyed by the model's name alone, and a worker could decode
+        on KV another checkpoint computed: a backend that cannot name its weights must not run.
+        """
+        fp = self.weights_fingerprint
+        if not _CONTENT_DIGEST.fullmatch(fp):
+            raise ValueError(
+                f"weights_fingerprint {fp!r} in --hicache-storage-backend-extra-config is not "
+                "'sha256:' and 64 hex digits: the kvgate backend keys KV pages by the content "
+                "of the weights. Start SGLang with `kvgate worker --engine sglang`, which "
+                "computes it (a --dry-run command only shows where it goes)."
+            )
+        return fp
 
     def to_extra_config(self) -> dict[str, Any]:
         """The JSON object for ``--hicache-storage-backend-extra-config``."""

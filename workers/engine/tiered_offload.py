@@ -46,18 +46,25 @@ class TieredOffload:
         *,
         model_fingerprint: str,
         layout: KVLayout,
+        compute: str,
         fetch_timeout_s: float = 5.0,
         prefill_stats: Callable[[], tuple[int, float]] | None = None,
     ) -> None:
         """``build_store`` runs on the store's own loop (so its pools belong there).
 
+        ``compute`` says how the engine computes the KV it hands over, its compute dtype and
+        device type (:func:`compute_tag`); like ``model_fingerprint`` and ``layout`` it
+        scopes every key, so engines that would recompute other bytes never share pages.
         ``prefill_stats`` returns the engine's cumulative ``(prefill tokens, seconds)``;
         the cost model learns the recompute rate from it.
         """
         if layout.dtype not in _TORCH_DTYPES:
             raise ValueError(f"cannot offload KV of dtype {layout.dtype!r}")
+        if not compute:
+            raise ValueError("compute is required: the engine's compute dtype and device type")
         self.layout = layout
         self.model_fingerprint = model_fingerprint
+        self.compute = compute
         self.fetch_timeout_s = fetch_timeout_s
         self._prefill_stats = prefill_stats
         self._prefill_seen = (0, 0.0)
@@ -80,7 +87,7 @@ class TieredOffload:
             raise
 
     def namespace(self, cache_salt: str) -> Namespace:
-        """The key namespace of a tenant's cache salt on this model and KV layout."""
+        """The key namespace of a tenant's cache salt on this model, KV layout and compute."""
         ns = self._namespaces.get(cache_salt)
         if ns is None:
             lay = self.layout
@@ -91,6 +98,7 @@ class TieredOffload:
                 dtype=lay.dtype,
                 page_size=lay.page_size,
                 layout=f"{lay.layout}:{shape}",
+                compute=self.compute,
             )
             self._namespaces[cache_salt] = ns
         return ns
@@ -194,6 +202,14 @@ class TieredOffload:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def compute_tag(device: torch.device | str, dtype: torch.dtype) -> str:
+    """How an engine on ``device`` computing in ``dtype`` makes its KV: ``float32@cpu``.
+
+    Only the device type counts (``cuda:1`` and ``cuda:0`` run the same kernels).
+    """
+    return f"{str(dtype).removeprefix('torch.')}@{torch.device(device).type}"
 
 
 def _itemsize(dtype: str) -> int:

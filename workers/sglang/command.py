@@ -33,6 +33,9 @@ class SGLangLaunchSpec:
     #: the CUDA device index this worker owns (exported as CUDA_VISIBLE_DEVICES)
     gpu: int = 0
     served_model_name: str | None = None
+    #: the Hub commit (or branch, tag) SGLang loads; the launcher pins the commit whose
+    #: files it fingerprinted
+    revision: str | None = None
     python: str = sys.executable
     page_size: int = 64
     mem_fraction_static: float = 0.85
@@ -100,6 +103,8 @@ def server_args(spec: SGLangLaunchSpec) -> list[str]:
         args += ["--hicache-ratio", str(spec.hicache_ratio)]
     if spec.served_model_name:
         args += ["--served-model-name", spec.served_model_name]
+    if spec.revision:
+        args += ["--revision", spec.revision]
     if spec.context_length:
         args += ["--context-length", str(spec.context_length)]
     if spec.max_running_requests:

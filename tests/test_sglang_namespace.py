@@ -1,0 +1,114 @@
+"""What scopes the pages of our SGLang storage backend, beyond SGLang's own page keys.
+
+SGLang's keys cover the tokens and the tenant's cache salt; which computation wrote the KV
+is ours to fold in. Two deployments under one served name may serve other checkpoints (a
+rolling upgrade, fine-tune v1 and v2), and host pools may store pages in other formats:
+none of them may restore another's pages. Backends are made through SGLang's own factory,
+on the session's real NAS directory, S3 server and Postgres ledger (see
+``tests/test_sglang_backend.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "sglang.srt.mem_cache.hicache_storage", reason="run scripts/install-sglang-test-deps.sh"
+)
+
+from sglang_support import (
+    PAGE,
+    backend_env,
+    backends,
+    create_backend,
+    host_pool,
+    options,
+    sglang_keys,
+    unique_prefix,
+    weights,
+)
+
+from kvgate.cmd_worker_sglang import DRY_RUN_WEIGHTS
+from kvgate.services.seaweed import S3Endpoint
+from tiering.sglang_backend import KvgateHiCacheStorage
+
+Make = Callable[..., KvgateHiCacheStorage]
+
+
+@pytest.fixture
+def make(
+    monkeypatch: pytest.MonkeyPatch, pg_dsn: str, s3_server: S3Endpoint, nas_dir: Path
+) -> Iterator[Make]:
+    """Backends sharing this test's NAS dir and S3 prefix, as workers share them."""
+    backend_env(monkeypatch, pg_dsn, s3_server)
+    with backends(nas_dir, s3_server, unique_prefix()) as _make:
+        yield _make
+
+
+def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
+    src = host_pool()
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=4)
+    keys = sglang_keys(2, salt="tp")
+    rank0 = make(src, tp_rank=0)
+    rank0.batch_set_v1(keys, idx)
+    rank0.flush()
+    assert make(host_pool(), tp_rank=1).batch_exists(keys) == 0
+    reader = make(host_pool(), tp_rank=0)
+    assert reader.batch_exists(keys) == 2
+    # The same prompt from another team: SGLang seeds the chain with the team's cache salt.
+    assert reader.batch_exists(sglang_keys(2, salt="tp-other-team")) == 0
+
+
+def test_other_weights_under_one_served_name_never_share_pages(make: Make) -> None:
+    """A rolling upgrade: v1 and v2 of a fine-tune, both served as ``test-model``. v2 must
+    recompute what v1 stored, never decode on v1's KV."""
+    src = host_pool()
+    idx = src.alloc(3 * PAGE)
+    src.fill_random(idx, seed=9)
+    keys = sglang_keys(3, salt="upgrade")
+    v1 = make(src)
+    assert v1.batch_set_v1(keys, idx) == [True] * 3
+    v1.flush()
+    dst = host_pool()
+    v2 = make(dst, weights_fingerprint=weights("test-model v2"))
+    assert v2.options.model == v1.options.model == "test-model"
+    out = dst.alloc(3 * PAGE)
+    assert v2.batch_exists(keys) == 0
+    assert v2.batch_get_v1(keys, out) == [False] * 3
+    assert v2.batch_get(keys[:1]) == [None]
+    assert set(dst.page_bytes(int(out[0]))) == {0}
+    # the pages are there for the weights that computed them: another v1 worker restores them
+    assert make(host_pool()).batch_exists(keys) == 3
+
+
+def test_host_pools_of_another_storage_format_never_share_pages(make: Make) -> None:
+    """SGLang's unified host pool tags its page format (``storage_format_tag``); pages of one
+    format are never handed to a pool of another, even with the same geometry and name."""
+    unified = "unified-token-major"
+    src = host_pool(storage_format_tag=unified)
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=10)
+    keys = sglang_keys(2, salt="format")
+    writer = make(src)
+    assert writer.batch_set_v1(keys, idx) == [True] * 2
+    writer.flush()
+    assert make(host_pool()).batch_exists(keys) == 0
+    assert make(host_pool(storage_format_tag=unified)).batch_exists(keys) == 2
+
+
+@pytest.mark.parametrize("fingerprint", ["", "test-model", DRY_RUN_WEIGHTS, "sha256:abc"])
+def test_a_backend_that_cannot_name_its_weights_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+    pg_dsn: str,
+    s3_server: S3Endpoint,
+    nas_dir: Path,
+    fingerprint: str,
+) -> None:
+    backend_env(monkeypatch, pg_dsn, s3_server)
+    opts = options(nas_dir, s3_server, unique_prefix(), weights_fingerprint=fingerprint)
+    with pytest.raises(ValueError, match="kvgate worker --engine sglang"):
+        create_backend(opts, host_pool())
