@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiering_support import chain, flip_byte, namespace
 
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
 from tiering.tiers.nas import NasConfig, NasTier
 
 
@@ -32,13 +32,17 @@ def test_a_page_lands_once_and_nothing_lands_after_close() -> None:
     views = _views(4, size, 200)
     landing = Landing(ns.digest, "float16", blocks[0].shape, views)
 
-    assert landing.fill(0, blocks[0]) and _bytes(views[0]) == bytes(blocks[0].payload)
-    assert not landing.fill(0, blocks[1])  # written once: a second writer is refused
+    assert landing.fill(0, blocks[0]) is Landed.LANDED
+    assert _bytes(views[0]) == bytes(blocks[0].payload)
+    assert landing.fill(0, blocks[1]) is Landed.REFUSED  # written once: a second writer is refused
     assert _bytes(views[0]) == bytes(blocks[0].payload)
     other = chain(namespace("another tenant"), 1)[0]
-    assert not landing.fill(1, other)  # not a page of this landing's namespace
+    assert landing.fill(1, other) is Landed.MISSING  # not a page of this landing's namespace
     assert landing.claim(1) is not None  # ... so the page is still free to claim
-    landing.release(1)
+    assert landing.fill(1, blocks[1]) is Landed.REFUSED  # refused while being written
+    landing.release(1, landed=False)  # that write failed verification: the page is free again
+    assert landing.fill(1, blocks[1]) is Landed.LANDED
+    assert _bytes(views[1]) == bytes(blocks[1].payload)
 
     writing = landing.claim(2)
     assert writing is not None
@@ -50,7 +54,7 @@ def test_a_page_lands_once_and_nothing_lands_after_close() -> None:
 
     assert landing.close(0.0, hold) == {2} and landing.closed
     assert held == [2] and given_back == []
-    assert landing.claim(3) is None and not landing.fill(3, blocks[3])
+    assert landing.claim(3) is None and landing.fill(3, blocks[3]) is Landed.REFUSED
     landing.release(2)  # the late write ends: its memory may be used again
     assert given_back == [2]
 
@@ -76,6 +80,7 @@ async def test_nas_reads_pages_in_place_across_threads_with_misses_and_damage(
 
     present = [0, 1, 2, 4, 6, 9]
     assert [i for i, ok in enumerate(got) if ok] == present
+    assert {got[i] for i in (3, 5, 7, 8)} == {Landed.MISSING}  # absent or damaged
     assert all(_bytes(views[i + 2]) == bytes(blocks[i].payload) for i in present)
     assert _bytes(views[0]) == _bytes(views[1]) == bytes(blocks[0].nbytes)  # untouched
     assert not damaged.exists() and not truncated.exists() and not misplaced.exists()
@@ -83,8 +88,16 @@ async def test_nas_reads_pages_in_place_across_threads_with_misses_and_damage(
     assert (stats.hits, stats.misses, stats.corruptions) == (6, 4, 3)
     assert stats.bytes_read == 6 * blocks[0].nbytes
 
+    # a page another tier holds is refused, and says nothing about this tier's copy
+    assert landing.fill(0, blocks[0]) is Landed.LANDED
+    assert await nas.land([blocks[1].key, blocks[0].key], landing, [1, 0]) == [
+        Landed.LANDED,
+        Landed.REFUSED,
+    ]
+    assert nas.path(blocks[0].key).exists() and nas.stats().misses == 4
+
     landing.close()
     again = await nas.land([blocks[0].key], landing, [0])
-    assert again == [False] and _bytes(views[0]) == bytes(blocks[0].nbytes)  # closed
+    assert again == [Landed.REFUSED] and _bytes(views[0]) == bytes(blocks[0].payload)  # closed
     assert nas.path(blocks[0].key).exists()  # refused, not damaged
     nas.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -98,3 +98,69 @@ async def test_concurrent_overlapping_batches_do_not_deadlock(pg_pool) -> None:
         *(ledger.record(b, NAS if i % 2 else OBJECT) for i, b in enumerate(batches))
     )
     assert len(await ledger.prefix(ns, [e.key for e in entries])) == 500
+
+
+async def _waits_for(pool: asyncpg.Pool, pid: int, holder: int) -> None:
+    """Return once backend ``pid`` is waiting on a lock held by backend ``holder`` (as
+    Postgres reports it: the interleaving is observed, never slept on)."""
+    async with asyncio.timeout(60):
+        while holder not in await pool.fetchval("SELECT pg_blocking_pids($1)", pid):
+            pass
+
+
+async def _drop_behind(
+    pg_dsn: str,
+    pg_pool: asyncpg.Pool,
+    key: bytes,
+    tier: int,
+    first: Callable[[asyncpg.Connection], Awaitable[None]],
+) -> int:
+    """Run ``Ledger.drop([key], tier)`` so that it reaches the row while another
+    transaction, which ran ``first(conn)`` on it, still holds it, and commit that one then."""
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)  # one backend: its pid
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        pid = await pool.fetchval("SELECT pg_backend_pid()")
+        async with other.transaction():
+            await first(other)
+            dropping = asyncio.create_task(Ledger(pool).drop([key], tier))
+            await _waits_for(pg_pool, pid, other.get_server_pid())
+        return await dropping
+    finally:
+        await other.close()
+        await pool.close()
+
+
+async def test_drop_keeps_a_bit_recorded_while_it_waited(
+    pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    # tierd deleted the page's object and drops OBJECT while a worker's write-behind records
+    # the page's new NAS copy: the row must say NAS, not NAS|OBJECT with no object behind it
+    ledger = Ledger(pg_pool)
+    ns, entries = _entries(1)
+    await ledger.record(entries, OBJECT)
+
+    async def record_nas(conn: asyncpg.Connection) -> None:
+        await Ledger(conn).record(entries, NAS)  # type: ignore[arg-type]
+
+    changed = await _drop_behind(pg_dsn, pg_pool, entries[0].key, OBJECT, record_nas)
+    assert await ledger.prefix(ns, [entries[0].key]) == [NAS]
+    assert changed == 1
+
+
+async def test_drop_deletes_a_row_another_drop_emptied_of_the_rest(
+    pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    # a worker's repair drops NAS while tierd drops OBJECT: nothing may remain
+    ledger = Ledger(pg_pool)
+    _ns, entries = _entries(1)
+    key = entries[0].key
+    await ledger.record(entries, NAS | OBJECT)
+
+    async def drop_nas(conn: asyncpg.Connection) -> None:
+        await conn.execute("UPDATE kv_ledger SET tiers = tiers & ~1::smallint WHERE key = $1", key)
+
+    changed = await _drop_behind(pg_dsn, pg_pool, key, OBJECT, drop_nas)
+    assert await pg_pool.fetchval("SELECT count(*) FROM kv_ledger WHERE key = $1", key) == 0
+    assert changed == 1
+    assert await ledger.drop([key], OBJECT) == 0  # nothing left to change

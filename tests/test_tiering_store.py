@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
-from tiering_support import chain, namespace, object_config
+from tiering_support import chain, flip_byte, namespace, object_config
 
 from kvgate.services.seaweed import S3Endpoint
-from tiering.codec import encode_header
+from tiering.codec import Block, encode_header
 from tiering.cost import CostConfig, CostModel
-from tiering.landing import Landing
+from tiering.keys import Namespace
+from tiering.landing import Landed, Landing
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
@@ -233,4 +238,126 @@ async def test_fetch_into_a_landing_reads_every_tier_in_place(parts) -> None:
     assert await ledger.prefix(ns.digest, keys[8:]) == [OBJECT] * 4
     # the pages are the caller's now: nothing was promoted into host RAM
     assert await store.lookup(ns.digest, keys) == ["host"] * 3 + ["nas"] * 5 + ["object"] * 4
+    await store.close()
+
+
+class WatchedLanding(Landing):
+    """A real landing that says when one page's claim is taken and given up, and can keep
+    the claiming thread inside the claim (a read that is slow to finish) until ``go``."""
+
+    def __init__(self, *args: Any, page: int, hold: bool = False) -> None:
+        super().__init__(*args)
+        self.page, self.hold = page, hold
+        self.claimed, self.released, self.go = (threading.Event() for _ in range(3))
+
+    def claim(self, i: int) -> list[memoryview] | None:
+        parts = super().claim(i)
+        if i == self.page and parts is not None:
+            self.claimed.set()
+            if self.hold:
+                self.go.wait(60)
+        return parts
+
+    def release(self, i: int, *args: Any, **kw: Any) -> None:
+        super().release(i, *args, **kw)
+        if i == self.page:
+            self.released.set()
+
+
+class LedgerAfter(Ledger):
+    """The real ledger, answering a lookup only once ``event`` is set: the early NAS read
+    then reaches the page before the tier the ledger names does."""
+
+    def __init__(self, pool: asyncpg.Pool, event: threading.Event) -> None:
+        super().__init__(pool)
+        self.event = event
+
+    async def prefix(self, namespace: bytes, keys: Sequence[bytes]) -> list[int]:
+        assert await asyncio.to_thread(self.event.wait, 60), "the early NAS read never got there"
+        return await super().prefix(namespace, keys)
+
+
+async def _object_pages_with_a_stale_nas_copy(
+    parts: tuple[NasTier, ObjectTier, Ledger],
+) -> tuple[Namespace, list[Block], list[list[memoryview]]]:
+    """Three pages held by the object store alone, so says the ledger; page 1 is also a NAS
+    file the ledger does not count (re-evicted: written, its NAS row still to come). Also
+    the memory for a landing of the three."""
+    nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 3)
+    await obj.put_many(blocks)
+    await ledger.record(_entries(blocks), OBJECT)
+    await nas.put_many([blocks[1]])
+    return ns, blocks, [[memoryview(bytearray(b.nbytes))] for b in blocks]
+
+
+async def test_an_overrun_early_read_holding_a_page_never_drops_the_object_row(parts) -> None:
+    nas, obj, ledger = parts
+    ns, blocks, views = await _object_pages_with_a_stale_nas_copy(parts)
+    keys = [b.key for b in blocks]
+    # the NAS thread that claims page 1 stays in the claim until the fetch is over
+    landing = WatchedLanding(ns.digest, "float16", blocks[0].shape, views, page=1, hold=True)
+    cost = CostModel(CostConfig(deadline_s={"host": 1.0, "nas": 1.0, "object": 60.0}))
+    store = TieredStore(
+        HostTier(1 << 30),
+        nas=nas,
+        obj=obj,
+        ledger=LedgerAfter(ledger.pool, landing.claimed),
+        cost=cost,
+        config=StoreConfig(ledger_timeout_s=60.0),
+    )
+    try:
+        got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=landing)
+    finally:
+        landing.go.set()
+    landing.close(60.0)
+    assert store.failures.count("nas", "deadline") == 1  # the early read overran ...
+    assert got.tiers == ["object"]  # ... holding page 1, so the object store was refused it
+    assert store.counters["repaired_object"] == 0  # refused is not missing
+    assert await ledger.prefix(ns.digest, keys) == [OBJECT] * 3
+    assert [b is not None for b in await obj.get_many(keys)] == [True] * 3
+    await store.close()
+
+
+async def test_a_corrupt_nas_copy_gives_its_page_back_to_the_object_store(parts) -> None:
+    nas, obj, ledger = parts
+    ns, blocks, views = await _object_pages_with_a_stale_nas_copy(parts)
+    keys = [b.key for b in blocks]
+    flip_byte(nas.path(keys[1]))
+    landing = WatchedLanding(ns.digest, "float16", blocks[0].shape, views, page=1)
+    store = TieredStore(
+        HostTier(1 << 30),
+        nas=nas,
+        obj=obj,
+        ledger=LedgerAfter(ledger.pool, landing.released),  # NAS read page 1 and failed it
+        config=StoreConfig(ledger_timeout_s=60.0),
+    )
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=landing)
+    landing.close()
+    assert store.stats()["tiers"]["nas"].corruptions == 1 and not nas.path(keys[1]).exists()
+    assert store.counters["repaired_object"] == 0  # the object's copy is good: kept
+    assert await ledger.prefix(ns.digest, keys) == [OBJECT] * 3
+    assert got.tiers == ["object"] * 3  # NAS gave page 1 back, and the good copy landed
+    assert [bytes(v[0]) for v in views] == [bytes(b.payload) for b in blocks]
+    await store.close()
+
+
+async def test_only_a_page_the_tier_lacks_is_repaired_never_one_it_was_refused(parts) -> None:
+    _nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 2)
+    keys = [b.key for b in blocks]
+    await obj.put_many(blocks[:1])  # page 1: the ledger says OBJECT, the bucket has nothing
+    await ledger.record(_entries(blocks), OBJECT)
+    landing = Landing(
+        ns.digest, "float16", blocks[0].shape, [[memoryview(bytearray(b.nbytes))] for b in blocks]
+    )
+    assert landing.fill(0, blocks[0]) is Landed.LANDED  # another writer took page 0 first
+    store = _store(parts)
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=landing)
+    landing.close()
+    assert got.tiers == []
+    assert store.counters["repaired_object"] == 1
+    assert await ledger.prefix(ns.digest, keys) == [OBJECT]  # page 0 kept, page 1 dropped
     await store.close()

@@ -193,3 +193,52 @@ async def test_kvgate_tierd_once_runs_a_pass_from_settings(
     report = json.loads(out.decode().strip().splitlines()[-1])
     assert report["demoted"] == 4 and report["nas_bytes"] == 2 * page
     assert len([e async for e in obj.scan()]) == 4
+
+
+async def test_demote_checks_an_object_bit_before_deleting_the_last_nas_copy(env) -> None:
+    pool, nas, obj = env
+    ns = namespace()
+    blocks = chain(ns, 3)
+    keys = [b.key for b in blocks]
+    entries = [Entry(b.namespace, b.key, _size(b)) for b in blocks]
+    ledger = Ledger(pool)
+    await nas.put_many(blocks[:2])
+    await obj.put_many(blocks[:2])
+    await ledger.record(entries[:2], NAS | OBJECT)  # restored from S3, then spilled again
+    cfg = TierdConfig(nas_high_bytes=2 * _size(blocks[0]), reconcile_interval_s=3600)
+    tierd = Tierd(pool, nas, obj, cfg)
+    assert (await tierd.run_pass()).nas_deleted == 0  # reconciled; at the watermark
+    # page 1's object goes while its bit stays (a GET found it corrupt and deleted it, and
+    # the repair did not reach the ledger): the NAS copy is the only one left
+    await obj.delete_many(keys[1:2])
+    await nas.put_many(blocks[2:])
+    await ledger.record(entries[2:], NAS)
+
+    report = await tierd.run_pass()
+    assert report.nas_deleted == 3 and report.demoted == 2  # page 0's object was there
+    assert [b is not None for b in await obj.get_many(keys)] == [True] * 3
+    assert await ledger.prefix(ns.digest, keys) == [OBJECT] * 3
+    assert not any(nas.path(k).exists() for k in keys)
+
+
+async def test_retention_without_an_object_store_ends_and_keeps_object_rows(env) -> None:
+    pool, nas, obj = env
+    ns = namespace()
+    blocks = chain(ns, 6)
+    keys = [b.key for b in blocks]
+    entries = [Entry(b.namespace, b.key, _size(b)) for b in blocks]
+    ledger = Ledger(pool)
+    await obj.put_many(blocks[:4])
+    await ledger.record(entries[:4], OBJECT)  # more object-only rows than one batch
+    await nas.put_many(blocks[3:])
+    await ledger.record(entries[3:], NAS)  # page 3 on both tiers
+
+    nas_only = Tierd(pool, nas, None, TierdConfig(retention_s=1e-6, batch_pages=2))
+    async with asyncio.timeout(60):  # the loop used to fetch the object rows forever
+        report = await nas_only.run_pass()
+    assert report.expired == 3 and not report.errors
+    assert not any(nas.path(k).exists() for k in keys)
+    assert await ledger.held(keys, OBJECT) == set(keys[:4])  # their data is out of reach
+    assert await ledger.held(keys, NAS) == set()
+    assert [b is not None for b in await obj.get_many(keys)] == [True] * 4 + [False] * 2
+    assert not (await Tierd(pool, nas, obj, TierdConfig()).run_pass()).skipped  # lock let go

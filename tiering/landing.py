@@ -8,7 +8,13 @@ page's payload — and the namespace, dtype and shape the page must have. Tiers 
 copy) into those views and verify the checksum there. A page that fails verification is
 reported as not landed: its memory then holds bytes the caller recomputes over.
 
-Each page is claimed once: whichever tier claims it first writes it, any other is refused.
+Each page is written by one tier: whichever claims it first writes it, any other is refused
+while that claim stands. A write whose page fails verification gives the claim back (the
+page is written whole again by whoever claims it next, never mixed). A tier's answer per
+page is a :class:`Landed`, which keeps "this tier has no good copy" (``MISSING``: the
+ledger may be corrected) apart from "this tier was not let write" (``REFUSED``: another
+tier holds the page, or the fetch was given up — nothing is known about this tier's copy,
+and nothing may be dropped for it).
 
 The fence. A tier's threads may still be reading when the fetch is abandoned at its
 deadline, and the memory belongs to the caller again from then on. Every write happens
@@ -20,10 +26,26 @@ runs (on the writing thread, when that write ends).
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable, Sequence
 
 from tiering.codec import Block, PageCheck
+
+
+class Landed(enum.Enum):
+    """What became of one page a tier was asked to land; true only for ``LANDED``."""
+
+    #: read (or copied) into its page and verified there
+    LANDED = "landed"
+    #: the tier holds no good copy: absent, corrupt (then deleted), or not this page
+    MISSING = "missing"
+    #: not written: another tier claimed the page first, or the landing is closed. Says
+    #: nothing about the tier's copy, so it is never a reason to drop a ledger bit.
+    REFUSED = "refused"
+
+    def __bool__(self) -> bool:
+        return self is Landed.LANDED
 
 
 class Landing:
@@ -57,9 +79,9 @@ class Landing:
         return not self._open
 
     def claim(self, i: int) -> list[memoryview] | None:
-        """Page ``i``'s views to write; None once the landing is closed, or when page ``i``
-        was claimed before (a page is written once, by one tier: two writers could leave
-        a mix of their bytes)."""
+        """Page ``i``'s views to write; None once the landing is closed, or while page ``i``
+        is claimed by another writer (landed, or being written: two writers could leave a
+        mix of their bytes)."""
         parts = [v if v.format == "B" and v.ndim == 1 else v.cast("B") for v in self._views[i]]
         size = sum(v.nbytes for v in parts)
         if size != self.check.payload_bytes:
@@ -73,26 +95,33 @@ class Landing:
             self._writing.add(i)
         return parts
 
-    def release(self, i: int) -> None:
-        """The write of page ``i`` (claimed before) is over."""
+    def release(self, i: int, *, landed: bool = True) -> None:
+        """The write of page ``i`` (claimed before) is over.
+
+        ``landed=False`` (the bytes failed verification) gives the claim back, so that
+        another tier's good copy may still land there: its write starts only now that this
+        one has ended, and covers the whole page.
+        """
         with self._lock:
             self._writing.discard(i)
+            if not landed:
+                self._claimed.discard(i)
             done = self._when_done.pop(i, None)
             if not self._open:
                 self._lock.notify_all()  # close() may be waiting
         if done is not None:
             done()
 
-    def fill(self, i: int, block: Block) -> bool:
-        """Copy a verified in-memory block into page ``i``; False (nothing written) once
-        closed, when page ``i`` was claimed before, or when the block is not of the
-        landing's namespace, dtype and shape."""
+    def fill(self, i: int, block: Block) -> Landed:
+        """Copy a verified in-memory block into page ``i``: ``MISSING`` (nothing written)
+        when the block is not of the landing's namespace, dtype and shape, ``REFUSED`` once
+        closed or while another writer holds page ``i``."""
         c = self.check
         if (block.namespace, block.dtype, block.shape) != (c.namespace, c.dtype, c.shape):
-            return False
+            return Landed.MISSING
         parts = self.claim(i)
         if parts is None:
-            return False
+            return Landed.REFUSED
         try:
             pos = 0
             for part in parts:
@@ -100,7 +129,7 @@ class Landing:
                 pos += part.nbytes
         finally:
             self.release(i)
-        return True
+        return Landed.LANDED
 
     def close(
         self, grace_s: float = 0.0, hold: Callable[[int], Callable[[], None]] | None = None

@@ -1,10 +1,11 @@
 """The KV ledger in Postgres: which shared tier holds which page, and how hot it is.
 
-Every write is one statement per batch (arrays ``unnest``-ed server side), never one per
-page. Batches are de-duplicated and sorted by key so that concurrent writers lock rows in
-the same order and cannot deadlock. Last-access touches are coalesced in memory and flushed
-as one ``UPDATE`` per batch. :meth:`Ledger.prefix` answers "how much of this chain exists,
-and where" in one round trip. Host RAM is private to a worker and never recorded here.
+Every write is one statement per batch (arrays ``unnest``-ed server side; a drop is two, in
+one transaction), never one per page. Batches are de-duplicated and sorted by key so that
+concurrent writers lock rows in the same order and cannot deadlock. Last-access touches are
+coalesced in memory and flushed as one ``UPDATE`` per batch. :meth:`Ledger.prefix` answers
+"how much of this chain exists, and where" in one round trip. Host RAM is private to a
+worker and never recorded here.
 """
 
 from __future__ import annotations
@@ -47,17 +48,17 @@ SELECT k, ns, sz, $4::smallint FROM unnest($1::bytea[], $2::bytea[], $3::int[]) 
 ON CONFLICT (key) DO UPDATE SET tiers = l.tiers | EXCLUDED.tiers, size = EXCLUDED.size
 """
 
-# Rows that would be left with no tier are deleted, the others lose the bit; the two
-# predicates are disjoint on the statement's snapshot, so no row is touched twice.
-_DROP = """
-WITH d AS (SELECT k FROM unnest($1::bytea[]) AS d(k)),
-gone AS (
-    DELETE FROM kv_ledger l USING d
-    WHERE l.key = d.k AND l.tiers & ~$2::smallint = 0
-)
-UPDATE kv_ledger l SET tiers = l.tiers & ~$2::smallint FROM d
-WHERE l.key = d.k AND l.tiers & ~$2::smallint <> 0 AND l.tiers & $2::smallint <> 0
+# A drop clears the bit, then deletes the rows left with none, in one transaction. The
+# UPDATE computes each row's new bits from the row as it is once locked, a concurrent
+# record() or drop() that committed first included. (Deciding "delete or clear" in one
+# statement judged a row by the statement's snapshot: a row a record() changed meanwhile
+# was skipped by both branches and kept a bit whose data was gone.) Between the two
+# statements a row may hold 0 (migration 0007); none is ever committed.
+_CLEAR = """
+UPDATE kv_ledger SET tiers = tiers & ~$2::smallint
+WHERE key = ANY($1::bytea[]) AND tiers & $2::smallint <> 0
 """
+_DELETE_EMPTY = "DELETE FROM kv_ledger WHERE key = ANY($1::bytea[]) AND tiers = 0"
 
 # The tiers of each leading page of the chain, up to the first page the ledger lacks.
 # One primary-key probe per page, as a correlated subquery: written as a join, a custom plan
@@ -104,11 +105,16 @@ class Ledger:
             tier,
         )
 
-    async def drop(self, keys: Iterable[bytes], tier: int) -> None:
-        """Clear ``tier`` for ``keys``; rows left with no tier disappear."""
+    async def drop(self, keys: Iterable[bytes], tier: int) -> int:
+        """Clear ``tier`` for ``keys``; rows left with no tier disappear. Returns how many
+        rows held ``tier`` (0: nothing changed, e.g. another process dropped them first)."""
         ordered = sorted(set(keys))
-        if ordered:
-            await self.pool.execute(_DROP, ordered, tier)
+        if not ordered:
+            return 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.execute(_CLEAR, ordered, tier)
+            await conn.execute(_DELETE_EMPTY, ordered)
+        return int(status.split()[-1])  # "UPDATE <rows>"
 
     async def prefix(self, namespace: bytes, keys: Sequence[bytes]) -> list[int]:
         """Tier bits of each leading page of ``keys`` held somewhere, in one round trip."""
@@ -161,13 +167,14 @@ class Ledger:
         )
         return [Row(*r) for r in rows]
 
-    async def idle_since(self, cutoff: datetime, limit: int) -> list[Row]:
-        """Rows not accessed since ``cutoff`` (retention)."""
+    async def idle_since(self, cutoff: datetime, limit: int, tiers: int) -> list[Row]:
+        """Rows held by any of ``tiers`` and not accessed since ``cutoff`` (retention)."""
         rows = await self.pool.fetch(
             f"SELECT {_ROW_COLS} FROM kv_ledger WHERE last_access < $1 "
-            "ORDER BY last_access LIMIT $2",
+            "AND tiers & $3::smallint <> 0 ORDER BY last_access LIMIT $2",
             cutoff,
             limit,
+            tiers,
         )
         return [Row(*r) for r in rows]
 
@@ -180,12 +187,14 @@ class Ledger:
         )
         return [(r["namespace"], int(r["used"])) for r in rows]
 
-    async def coldest_in(self, namespace: bytes, limit: int) -> list[Row]:
-        """A namespace's least recently used rows."""
+    async def coldest_in(self, namespace: bytes, limit: int, tiers: int) -> list[Row]:
+        """A namespace's least recently used rows held by any of ``tiers``."""
         rows = await self.pool.fetch(
-            f"SELECT {_ROW_COLS} FROM kv_ledger WHERE namespace = $1 ORDER BY last_access LIMIT $2",
+            f"SELECT {_ROW_COLS} FROM kv_ledger WHERE namespace = $1 "
+            "AND tiers & $3::smallint <> 0 ORDER BY last_access LIMIT $2",
             namespace,
             limit,
+            tiers,
         )
         return [Row(*r) for r in rows]
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 from tiering.codec import Block
 from tiering.cost import CostModel
+from tiering.early_read import EarlyRead
 from tiering.failures import FailureLog
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
 from tiering.ledger import NAS, OBJECT, Ledger
 from tiering.locate import Locator
-from tiering.tiers.base import Tier
+from tiering.tiers.base import Answers, Tier
 from tiering.tiers.host import HostTier
 from tiering.write_behind import WriteBehind
 
@@ -58,10 +59,6 @@ class Fetched:
 
     blocks: list[Block]
     tiers: list[str]
-
-
-#: A tier's answer per key: the block (None if absent), or with a landing whether it landed.
-Answers = Sequence[Block | None] | Sequence[bool]
 
 
 class TieredStore:
@@ -207,13 +204,13 @@ class TieredStore:
         if len(plan) < len(found):
             self.counters[f"skipped_{found[len(plan)]}"] += len(found) - len(plan)
         if early is not None and "nas" not in plan and into is None:
-            early[1].cancel()
+            early.cancel()
             early = None
         if not plan:
             if early is not None:
-                early[1].cancel()  # a landing's close() fences whatever its threads still do
+                early.cancel()
             return Fetched([], [])
-        got: list[Block | bool | None] = [None] * len(plan)
+        got: list[Block | Landed | None] = [None] * len(plan)
         runs: dict[str, list[int]] = {}
         for i, tier in enumerate(plan):
             if tier == "host":  # RAM needs neither a task nor a deadline
@@ -223,15 +220,17 @@ class TieredStore:
                 runs.setdefault(tier, []).append(i)
         results = await asyncio.gather(
             *(
-                self._pick(early, idx)
+                early.pick(idx)
                 if t == "nas" and early is not None
                 else self._read_tier(t, keys, idx, tokens_per_page, into)
                 for t, idx in runs.items()
             )
         )
         # A landing's early NAS read may take pages the ledger placed elsewhere (a file not
-        # yet, or no longer, in the ledger): a page lands once, so theirs is the copy.
-        landed_early = set() if into is None or early is None else await self._landed(early)
+        # yet, or no longer, in the ledger): a page lands once, so theirs is the copy. Its
+        # threads may still hold pages after it overran or failed, and the tier the plan
+        # chose is then REFUSED: no proof about that tier's copy, so only MISSING repairs.
+        landed_early = set() if into is None or early is None else await early.landed()
         abandoned = into is not None and into.closed
         for (tier, idx), answers in zip(runs.items(), results, strict=True):
             if answers is None:
@@ -241,7 +240,7 @@ class TieredStore:
             missing = [
                 keys[i]
                 for i, a in zip(idx, answers, strict=True)
-                if not a and i not in landed_early
+                if a is None or a is Landed.MISSING
             ]
             if missing and not abandoned:  # an abandoned landing stops reading: no proof either
                 await self._repair(tier, missing)
@@ -257,7 +256,7 @@ class TieredStore:
         self,
         namespace: bytes,
         plan: list[str],
-        got: list[Block | bool | None],
+        got: list[Block | Landed | None],
         landed_early: set[int],
     ) -> Fetched:
         """The prefix of the plan whose pages all arrived, promoting blocks into RAM."""
@@ -278,13 +277,10 @@ class TieredStore:
 
     def _read_nas_early(
         self, keys: Sequence[bytes], tokens_per_page: int, page_bytes: int, into: Landing | None
-    ) -> tuple[int, asyncio.Task[Answers | None]] | None:
-        """Start reading the NAS past the host prefix while the ledger is still answering.
-
-        Most restores come from L3; this takes the ledger round trip off their critical
-        path. A page the ledger places elsewhere costs one failed open (and counts as a NAS
-        miss). Returns the offset of the first key read and the task.
-        """
+    ) -> EarlyRead | None:
+        """Start reading the NAS past the host prefix while the ledger is still answering
+        (see :mod:`tiering.early_read`). A page the ledger places elsewhere costs one failed
+        open (and counts as a NAS miss)."""
         if "nas" not in self.tiers or self.ledger is None:
             return None
         start = self.host.prefix_now(keys)
@@ -293,30 +289,7 @@ class TieredStore:
             return None
         idx = list(range(start, len(keys)))
         task = asyncio.create_task(self._read_tier("nas", keys, idx, tokens_per_page, into))
-        return start, task
-
-    @staticmethod
-    async def _pick(
-        early: tuple[int, asyncio.Task[Answers | None]], idx: list[int]
-    ) -> Answers | None:
-        """The early NAS read's answers for plan positions ``idx``.
-
-        The early read began at the host prefix, and :meth:`lookup` never places a lower
-        tier before it, so every position is covered.
-        """
-        start, task = early
-        answers = await task
-        return None if answers is None else [answers[i - start] for i in idx]
-
-    @staticmethod
-    async def _landed(early: tuple[int, asyncio.Task[Answers | None]]) -> set[int]:
-        """Positions the early NAS read landed (it always runs to its end with a landing)."""
-        start, task = early
-        try:
-            answers = await task
-        except asyncio.CancelledError:
-            return set()
-        return {start + j for j, a in enumerate(answers or ()) if a is True}
+        return EarlyRead(start, task)
 
     async def _read_tier(
         self,
@@ -327,7 +300,7 @@ class TieredStore:
         into: Landing | None,
     ) -> Answers | None:
         """The tier's answer for each of ``keys[i]``, ``i`` in ``idx`` (a block, or with
-        ``into`` whether it landed in page ``i``); None when the tier failed or overran."""
+        ``into`` what became of page ``i``); None when the tier failed or overran."""
         wanted = [keys[i] for i in idx]
         deadline = self.cost.deadline(tier, len(wanted) * tokens_per_page)
         read = (
@@ -350,7 +323,7 @@ class TieredStore:
         if into is None:
             n_bytes = sum(b.nbytes for b in answers if isinstance(b, Block))
         else:
-            n_bytes = sum(1 for a in answers if a) * into.check.payload_bytes
+            n_bytes = sum(1 for a in answers if a is Landed.LANDED) * into.check.payload_bytes
         self.fetch_seconds[tier] += elapsed
         self.cost.observe(tier, n_bytes, elapsed)
         return answers

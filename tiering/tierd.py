@@ -8,9 +8,12 @@ One pass, in order:
    write failed) are deleted once older than a grace period; stale temporary files from
    dead writers are removed.
 2. **Retention** and **per-namespace quotas**: pages idle too long, and a namespace's
-   coldest pages beyond its quota, are deleted from every tier.
+   coldest pages beyond its quota, are deleted from every tier this tierd reaches (without
+   an object store, from the NAS only: their rows keep the object bit, and are not
+   selected again).
 3. **NAS watermarks**: above the high watermark, the least recently used pages are copied
-   to the object store (verified on the way: only blocks that decode are uploaded) and
+   to the object store (verified on the way: only blocks that decode are uploaded; a page
+   whose row already claims an object is copied too unless a HEAD finds the object) and
    only then deleted from the NAS, down to the low watermark.
 4. **Object-store capacity**: above its limit, the coldest objects are deleted.
 
@@ -85,6 +88,8 @@ class Tierd:
         self.ledger = Ledger(pool)
         self.nas = nas
         self.obj = obj
+        #: the tier bits this tierd can delete data from
+        self.reach = NAS | (OBJECT if obj is not None else 0)
         self.config = config
         self.failures = FailureLog()
         self._last_reconcile = -float("inf")
@@ -162,22 +167,26 @@ class Tierd:
             report.rows_repaired += len(keys)
 
     # --- deleting from every tier ---------------------------------------------------------------
-    async def _delete_everywhere(self, rows: Sequence[Row]) -> None:
-        keys = [r.key for r in rows]
+    async def _delete_everywhere(self, rows: Sequence[Row]) -> int:
+        """Delete ``rows``' pages from every tier this tierd reaches and clear those bits;
+        how many rows changed. A bit for a tier not reached here is kept (its data is still
+        there), so callers select only rows holding a tier in :attr:`reach`: the others
+        would come back unchanged in every batch."""
         await self.nas.delete_many([r.key for r in rows if r.tiers & NAS])
         if self.obj is not None:
             await self.obj.delete_many([r.key for r in rows if r.tiers & OBJECT])
-        # a row for a tier we cannot reach here is kept (its data is still there)
-        await self.ledger.drop(keys, NAS | (OBJECT if self.obj is not None else 0))
+        return await self.ledger.drop([r.key for r in rows], self.reach)
 
     async def _expire(self, report: PassReport) -> None:
         if not self.config.retention_s:
             return
         cutoff = datetime.now(UTC) - timedelta(seconds=self.config.retention_s)
-        while rows := await self.ledger.idle_since(cutoff, self.config.batch_pages):
-            await self._delete_everywhere(rows)
+        batch = self.config.batch_pages
+        while rows := await self.ledger.idle_since(cutoff, batch, self.reach):
+            if not await self._delete_everywhere(rows):
+                break  # changed by another process meanwhile: the next pass goes on
             report.expired += len(rows)
-            if len(rows) < self.config.batch_pages:
+            if len(rows) < batch:
                 break
 
     async def _quotas(self, report: PassReport) -> None:
@@ -186,11 +195,12 @@ class Tierd:
             return
         for namespace, used in await self.ledger.over_quota(quota):
             while used > quota:
-                rows = await self.ledger.coldest_in(namespace, self.config.batch_pages)
+                rows = await self.ledger.coldest_in(namespace, self.config.batch_pages, self.reach)
                 if not rows:
                     break
                 rows = _enough(rows, used - quota)
-                await self._delete_everywhere(rows)
+                if not await self._delete_everywhere(rows):
+                    break
                 used -= sum(r.size for r in rows)
                 report.over_quota += len(rows)
 
@@ -206,7 +216,10 @@ class Tierd:
                 break
             rows = _enough(rows, used - low)
             if self.obj is not None:
-                await self._copy_to_object([r for r in rows if not r.tiers & OBJECT], report)
+                # an object bit is the ledger's word only: the NAS copy may be the last one
+                claimed = [r.key for r in rows if r.tiers & OBJECT]
+                there = await self.obj.present(claimed) if claimed else set()
+                await self._copy_to_object([r for r in rows if r.key not in there], report)
             keys = [r.key for r in rows]
             await self.nas.delete_many(keys)  # only after the copies are recorded
             await self.ledger.drop(keys, NAS)

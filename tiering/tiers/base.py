@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tiering.codec import Block
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
+
+#: A tier's answer per key: the block (None if absent), or with a landing what became of it.
+Answers = Sequence[Block | None] | Sequence[Landed]
 
 
 class TierError(RuntimeError):
@@ -49,9 +52,12 @@ class Tier(Protocol):
         """The verified blocks for ``keys`` in order; ``None`` where absent or corrupt."""
         ...
 
-    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
-        """Put the verified page of each ``keys[j]`` into page ``at[j]`` of ``into``; True
-        where it landed. Absent, corrupt (deleted and counted) or abandoned pages are False."""
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
+        """Put the verified page of each ``keys[j]`` into page ``at[j]`` of ``into``.
+
+        Per page: ``LANDED``; ``MISSING`` when absent or corrupt (deleted and counted);
+        ``REFUSED`` when another tier holds the page or ``into`` was closed (the tier's copy
+        was not looked at, so nothing is known about it)."""
         ...
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
@@ -73,8 +79,10 @@ class Tier(Protocol):
 
 async def land_by_copy(
     tier: Tier, keys: Sequence[bytes], into: Landing, at: Sequence[int]
-) -> list[bool]:
+) -> list[Landed]:
     """:meth:`Tier.land` for a tier whose reads arrive in buffers of its own (RAM, HTTP
     bodies): read and verify as :meth:`Tier.get_many` does, then copy into the landing."""
     blocks = await tier.get_many(keys)
-    return [b is not None and into.fill(i, b) for i, b in zip(at, blocks, strict=True)]
+    return [
+        Landed.MISSING if b is None else into.fill(i, b) for i, b in zip(at, blocks, strict=True)
+    ]

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from tiering.codec import Block
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierStats, land_by_copy
 
 CopyIn = Callable[[memoryview], memoryview]
@@ -84,7 +84,7 @@ class HostTier:
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
         return [self.get_now(k) for k in keys]
 
-    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
         return await land_by_copy(self, keys, into, at)
 
     async def put_many(self, blocks: Sequence[Block]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.codec import Block, CorruptBlock, decode, encode_header
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats
 from tiering.tiers.slabs import SlabPool
 
@@ -187,18 +187,20 @@ class NasTier:
         self._stats.corruptions += 1
         self._unlink(self._file(key))
 
-    def _land_run(self, keys: Sequence[bytes], at: Sequence[int], *, into: Landing) -> list[bool]:
+    def _land_run(self, keys: Sequence[bytes], at: Sequence[int], *, into: Landing) -> list[Landed]:
         """Read ``keys`` straight into their pages of ``into`` and verify them there: one
-        worker thread's share of :meth:`land`. Stops once ``into`` is closed."""
+        worker thread's share of :meth:`land`. Stops once ``into`` is closed (the pages not
+        read then are ``REFUSED``)."""
         check = into.check
         header = memoryview(bytearray(check.header_bytes))
         size = check.header_bytes + check.payload_bytes
-        out = [False] * len(keys)
+        out = [Landed.REFUSED] * len(keys)
         for j, key in enumerate(keys):
             path = self._file(key)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
+                out[j] = Landed.MISSING
                 continue
             except OSError as exc:
                 raise TierError(f"nas: cannot open {path}: {exc}") from exc
@@ -207,16 +209,18 @@ class NasTier:
                 if views is None:
                     if into.closed:
                         break  # abandoned: the memory is no longer ours to write
-                    continue  # another tier wrote this page
+                    continue  # another tier holds this page: REFUSED, the file untouched
+                out[j] = Landed.MISSING
                 try:
                     if read_into(fd, [header, *views]) != size:
                         raise CorruptBlock(f"{path} is shorter than a block of this layout")
                     check.verify(header, views, key)
-                    out[j] = True
+                    out[j] = Landed.LANDED
                 except CorruptBlock:
                     self._corrupt(key)
                 finally:
-                    into.release(at[j])
+                    # a page that failed verification is free for another tier's copy
+                    into.release(at[j], landed=out[j] is Landed.LANDED)
             except OSError as exc:
                 raise TierError(f"nas: cannot read {path}: {exc}") from exc
             finally:
@@ -249,11 +253,13 @@ class NasTier:
                 self._stats.bytes_read += block.nbytes
         return out
 
-    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
-        out: list[bool] = await self._spread(functools.partial(self._land_run, into=into), keys, at)
-        landed = sum(out)
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
+        out: list[Landed] = await self._spread(
+            functools.partial(self._land_run, into=into), keys, at
+        )
+        landed = out.count(Landed.LANDED)
         self._stats.hits += landed
-        self._stats.misses += len(out) - landed
+        self._stats.misses += out.count(Landed.MISSING)
         self._stats.bytes_read += landed * into.check.payload_bytes
         return out
 

@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.codec import Block, CorruptBlock, decode, encode
-from tiering.landing import Landing
+from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats, land_by_copy
 from tiering.tiers.s3_reader import S3Reader, S3ReadError
 
@@ -190,7 +190,7 @@ class ObjectTier:
                 self._stats.bytes_read += block.nbytes
         return list(out)
 
-    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[bool]:
+    async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
         return await land_by_copy(self, keys, into, at)
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
@@ -208,6 +208,13 @@ class ObjectTier:
                 if not ok:
                     return i + j
         return len(keys)
+
+    async def present(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Which of ``keys`` exist (a HEAD each, nothing read): tierd checks a ledger row's
+        object bit this way before deleting the page's last other copy."""
+        await self.start()
+        found = await asyncio.gather(*(self._exists(k) for k in keys))
+        return {k for k, ok in zip(keys, found, strict=True) if ok}
 
     async def delete_many(self, keys: Sequence[bytes]) -> None:
         await self.delete_names([self.object_name(k) for k in keys])
