@@ -1,10 +1,12 @@
 """``kvgate billing``: send metered usage to Stripe, and check Stripe against our totals.
 
 ``report`` runs periodically (``--every``, as ``kvgate up`` does, or from cron or the
-Kubernetes CronJob in ``infra/``): it sends every closed day's usage not yet acknowledged
-(under stable identifiers, so overlapping or repeated runs never bill twice) and ends
-grace periods that ran out. ``reconcile`` reads Stripe's meter summaries back and lists
-every day on which they differ from ours.
+Kubernetes CronJob in ``infra/``): it sends the usage of every closed interval (a UTC hour,
+cut where a billing period starts or ends) not yet acknowledged, under stable identifiers so
+overlapping or repeated runs never bill twice, and ends grace periods that ran out. Run it at
+least every 15 minutes: Stripe finalizes a period's invoice about an hour after the period
+ends, and usage reported later is not billed. ``reconcile`` reads Stripe's meter summaries
+back and lists every hour in which they differ from ours.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from kvgate.database import run_on_database
 from kvgate.settings import load_settings
 
 T = TypeVar("T")
+#: How reconcile prints a time (always UTC).
+_AT = "%Y-%m-%d %H:%M"
 
 
 def _run(
@@ -58,8 +62,9 @@ def billing() -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="MINUTES",
-    help="Keep running: report again every MINUTES (a failed round is retried by the next). "
-    "Without it, report once and exit.",
+    help="Keep running: report again every MINUTES (a failed round is retried by the next); "
+    "15 or less, so usage before a renewal or cancellation reaches Stripe within the hour "
+    "before it finalizes that invoice. Without it, report once and exit.",
 )
 @click.option(
     "--rounds",
@@ -69,10 +74,13 @@ def billing() -> None:
 )
 @click.pass_context
 def report_cmd(ctx: click.Context, every: float | None, rounds: int | None) -> None:
-    """Send closed days' token usage to Stripe Billing Meters; end expired grace periods.
+    """Send token usage to Stripe Billing Meters by the hour; end expired grace periods.
 
-    Exits non-zero when the last round left usage unsent; each event carries a stable
-    identifier, so a later round resends it without ever billing it twice.
+    Each UTC hour (split where a billing period starts or ends) is sent by the first round
+    from ten minutes after it ends, as one event per meter stamped inside it, so Stripe
+    bills it on the invoice of the period it was used in. Exits non-zero when the last
+    round left usage unsent; each event carries a stable identifier, so a later round
+    resends it without ever billing it twice.
     """
     if every is None:
         if rounds is not None:
@@ -118,11 +126,19 @@ def _report_round(ctx: click.Context) -> bool:
 
 @billing.command("reconcile")
 @click.option(
-    "--days", default=meters.MAX_AGE_DAYS, show_default=True, help="Closed days to check."
+    "--days",
+    default=meters.MAX_AGE_DAYS,
+    show_default=True,
+    help="UTC days to check, up to the last closed hour.",
 )
 @click.pass_context
 def reconcile_cmd(ctx: click.Context, days: int) -> None:
-    """Compare local usage totals with Stripe's meters; list every difference."""
+    """Compare local usage with Stripe's meters hour by hour; list every difference.
+
+    An hour's local total (usage on a paid subscription, by when it was used) must equal
+    Stripe's (events by their timestamp), or Stripe bills it in the wrong period or not at
+    all. Days reported whole before reporting went hourly are compared as whole days.
+    """
     config = billing_config(load_settings())
 
     async def work(conn: asyncpg.Connection, client: stripe.StripeClient) -> Reconciliation:
@@ -130,14 +146,14 @@ def reconcile_cmd(ctx: click.Context, days: int) -> None:
 
     outcome = _run(ctx, work)
     click.echo(
-        f"compared {outcome.compared} (team, meter, day) totals from {outcome.since} to "
-        f"{outcome.through}: {len(outcome.differences)} differences"
+        f"compared {outcome.compared} (team, meter, hour) totals from {outcome.since:{_AT}} to "
+        f"{outcome.until:{_AT}} UTC: {len(outcome.differences)} differences"
     )
     if outcome.differences:
-        click.echo("team\tcustomer\tmeter\tday\tlocal\tstripe\tdifference")
+        click.echo("team\tcustomer\tmeter\tfrom\tto\tlocal\tstripe\tdifference")
         for d in outcome.differences:
             click.echo(
-                f"{d.team_id}\t{d.customer_id}\t{d.meter}\t{d.day}\t{d.local}\t{d.stripe}\t"
-                f"{d.local - d.stripe:+d}"
+                f"{d.team_id}\t{d.customer_id}\t{d.meter}\t{d.start:{_AT}}\t{d.end:{_AT}}\t"
+                f"{d.local}\t{d.stripe}\t{d.local - d.stripe:+d}"
             )
         raise SystemExit(1)

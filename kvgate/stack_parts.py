@@ -26,8 +26,9 @@ from kvgate.stack import Part, PartError, Ready
 from kvgate.stack_process import Probe, ProcessPart, http_probe, kvgate_argv, log_line_probe
 from migrations import runner
 
-#: minutes between two metered-usage reports of ``kvgate up`` (a day closes ten minutes
-#: after UTC midnight, so usage reaches Stripe within 25 minutes of that)
+#: minutes between two metered-usage reports of ``kvgate up`` (an hour, or the part of one
+#: before a billing period's bound, closes ten minutes after it ends, so usage reaches
+#: Stripe within 25 minutes of that: inside the hour Stripe waits to finalize an invoice)
 BILLING_REPORT_EVERY_MIN = 15
 
 

@@ -5,8 +5,11 @@
 makes and answers with bodies of the shape Stripe documents for the few endpoints kvgate
 calls. It keeps the two Stripe behaviours billing correctness depends on: a repeated
 ``Idempotency-Key`` replays the first answer, and meter events are counted once per
-``identifier``; event summaries are computed from the events it accepted. ``fail_next``
-makes the next calls to a path answer 5xx (after which stripe-python retries).
+``identifier``; event summaries are computed from the events it accepted, grouped by the
+hour or day of their timestamps as Stripe groups them. It refuses, as Stripe does, a meter
+event stamped more than 35 days back or more than 5 minutes ahead (an answer that fails
+validation is not saved for its idempotency key). ``fail_next`` makes the next calls to a
+path answer 5xx (after which stripe-python retries).
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import stripe
+
+#: Stripe's limits on a meter event's timestamp: 35 calendar days back, 5 minutes ahead.
+_MAX_EVENT_AGE_S = 35 * 86400
+_MAX_EVENT_LEAD_S = 300
+#: ``value_grouping_window`` -> seconds per summary.
+_WINDOWS = {"hour": 3600, "day": 86400}
 
 
 @dataclass
@@ -85,7 +94,7 @@ class RecordingStripe(stripe.HTTPClient):
             return content, status, {"idempotent-replayed": "true", "request-id": "req_replay"}
         status, body = self._answer(rec)
         content = json.dumps(body).encode()
-        if key:
+        if key and status < 400:
             self._replies[key] = (content, status)
         rec.status = status
         return content, status, {"request-id": f"req_{len(self.requests)}"}
@@ -144,6 +153,16 @@ class RecordingStripe(stripe.HTTPClient):
                 "livemode": False,
             }
         if rec.path == "/v1/billing/meter_events" and rec.method == "post":
+            stamp = int(p["timestamp"])
+            if not now - _MAX_EVENT_AGE_S <= stamp <= now + _MAX_EVENT_LEAD_S:
+                return 400, {
+                    "error": {
+                        "type": "invalid_request_error",
+                        "param": "timestamp",
+                        "message": "Meter event timestamps must be within the past 35 calendar "
+                        "days and no more than 5 minutes in the future.",
+                    }
+                }
             event = MeterEvent(
                 p["event_name"],
                 p["identifier"],
@@ -162,32 +181,54 @@ class RecordingStripe(stripe.HTTPClient):
                 "timestamp": event.timestamp,
             }
         if rec.path.startswith("/v1/billing/meters/") and rec.path.endswith("/event_summaries"):
-            return 200, self._summaries(rec.path.split("/")[4], p)
+            return self._summaries(rec.path.split("/")[4], p)
         return 404, {"error": {"type": "invalid_request_error", "message": f"no {rec.path}"}}
 
-    def _summaries(self, meter_id: str, p: dict[str, str]) -> dict[str, Any]:
+    def _summaries(self, meter_id: str, p: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Totals per window of ``value_grouping_window`` (one for the whole range without).
+
+        As Stripe does, an hourly grouping needs hour-aligned bounds and a daily one UTC
+        midnights; windows without events are left out.
+        """
         start, end = int(p["start_time"]), int(p["end_time"])
-        days: Counter[int] = Counter()
+        window = _WINDOWS.get(p.get("value_grouping_window", ""), end - start)
+        if window <= 0 or start % window or end % window:
+            return 400, {
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": f"start_time and end_time must align with the {window}s window",
+                }
+            }
+        windows: Counter[int] = Counter()
         for e in self.events.values():
             if (
                 e.event_name == self.meters.get(meter_id)
                 and e.customer == p["customer"]
                 and start <= e.timestamp < end
             ):
-                days[e.timestamp - (e.timestamp - start) % 86400] += e.value
+                windows[e.timestamp - (e.timestamp - start) % window] += e.value
         data = [
             {
-                "id": f"mtrsum_{meter_id}_{day}",
+                "id": f"mtrsum_{meter_id}_{at}",
                 "object": "billing.meter_event_summary",
                 "aggregated_value": float(value),
-                "start_time": day,
-                "end_time": day + 86400,
+                "start_time": at,
+                "end_time": at + window,
                 "livemode": False,
                 "meter": meter_id,
             }
-            for day, value in sorted(days.items())
+            for at, value in sorted(windows.items())
         ]
-        return {"object": "list", "data": data, "has_more": False, "url": "/v1/billing/meters"}
+        return 200, self._page(data, p, f"/v1/billing/meters/{meter_id}/event_summaries")
+
+    def _page(self, data: list[dict[str, Any]], p: dict[str, str], url: str) -> dict[str, Any]:
+        """One page of ``data`` as Stripe's list endpoints cut it (``limit``, ``starting_after``)."""
+        limit = int(p.get("limit", "10"))
+        after = p.get("starting_after")
+        ids = [d["id"] for d in data]
+        first = ids.index(after) + 1 if after in ids else 0
+        page = data[first : first + limit]
+        return {"object": "list", "data": page, "has_more": first + limit < len(data), "url": url}
 
     # --- helpers for assertions -----------------------------------------------------------
     def calls(self, path: str) -> list[Recorded]:

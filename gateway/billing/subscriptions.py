@@ -12,11 +12,15 @@ the ``created`` time of the newest subscription or invoice event applied for it
 (``stripe_customers.event_created``), and an invoice event older than that is stale news
 and is ignored. The team's plan is always computed from all its live subscriptions, so
 ending one of two does not drop a team that still pays through the other.
+
+Each subscription row also keeps the bounds of its current billing period, where Stripe
+switches from one invoice to the next: the metered usage reporter cuts its intervals there.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.billing.config import BillingConfig
@@ -86,15 +90,21 @@ async def apply_subscription(
     """
     prices, plan = _prices_and_plan(config, sub)
     status = str(sub.get("status", ""))
+    period_start, period_end = current_period(config, sub)
     latest = await _latest_event(db, team_id)
     newer = await db.fetchval(
         """
         INSERT INTO stripe_subscriptions (subscription_id, team_id, status, price_id, plan,
-                                          event_created)
-        VALUES ($1, $2, $3, $4, $5, $6)
+                                          event_created, current_period_start,
+                                          current_period_end)
+        VALUES ($1, $2, $3, $4, $5, $6, $8, $9)
         ON CONFLICT (subscription_id) DO UPDATE SET
             status = excluded.status, price_id = excluded.price_id, plan = excluded.plan,
-            event_created = excluded.event_created, updated_at = now()
+            event_created = excluded.event_created, updated_at = now(),
+            current_period_start = coalesce(excluded.current_period_start,
+                                            stripe_subscriptions.current_period_start),
+            current_period_end = coalesce(excluded.current_period_end,
+                                          stripe_subscriptions.current_period_end)
         WHERE stripe_subscriptions.event_created <= excluded.event_created
           AND stripe_subscriptions.status <> ALL($7::text[])
         RETURNING 1
@@ -106,6 +116,8 @@ async def apply_subscription(
         plan,
         event_created,
         list(_FINAL),
+        period_start,
+        period_end,
     )
     if newer is None:
         log.info("ignored an older event for subscription %s", sub["id"])
@@ -134,21 +146,29 @@ async def end_subscription(
     live; otherwise it drops to free.
     """
     prices, plan = _prices_and_plan(config, sub)
+    period_start, period_end = current_period(config, sub)
     latest = await _latest_event(db, team_id)
     await db.execute(
         """
         INSERT INTO stripe_subscriptions (subscription_id, team_id, status, price_id, plan,
-                                          event_created)
-        VALUES ($1, $2, 'canceled', $3, $4, $5)
+                                          event_created, current_period_start,
+                                          current_period_end)
+        VALUES ($1, $2, 'canceled', $3, $4, $5, $6, $7)
         ON CONFLICT (subscription_id) DO UPDATE SET
             status = 'canceled', updated_at = now(),
-            event_created = greatest(stripe_subscriptions.event_created, excluded.event_created)
+            event_created = greatest(stripe_subscriptions.event_created, excluded.event_created),
+            current_period_start = coalesce(excluded.current_period_start,
+                                            stripe_subscriptions.current_period_start),
+            current_period_end = coalesce(excluded.current_period_end,
+                                          stripe_subscriptions.current_period_end)
         """,
         sub["id"],
         team_id,
         ",".join(prices),
         plan,
         event_created,
+        period_start,
+        period_end,
     )
     await _record_event(db, team_id, event_created)
     await _settle(db, config, team_id, fresh=event_created >= latest)
@@ -215,6 +235,25 @@ async def expire_grace(db: Any) -> list[int]:
         FREE_PLAN,
     )
     return [r[0] for r in rows]
+
+
+def current_period(
+    config: BillingConfig, sub: dict[str, Any]
+) -> tuple[datetime | None, datetime | None]:
+    """The bounds of ``sub``'s current billing period, or (None, None) if it names none.
+
+    The metered usage reporter cuts its intervals there (``gateway.billing.meters``), so
+    usage is stamped into the invoice of the period it was used in. Before Stripe API
+    version 2025-03-31 the bounds are on the subscription; since then on each item, and the
+    metered items' are the ones that decide where usage is billed.
+    """
+    items = (sub.get("items") or {}).get("data") or []
+    metered = [i for i in items if (i.get("price") or {}).get("id") in config.metered_prices]
+    for holder in (sub, *metered, *items):
+        start, end = holder.get("current_period_start"), holder.get("current_period_end")
+        if isinstance(start, int) and isinstance(end, int):
+            return datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
+    return None, None
 
 
 def _prices_and_plan(config: BillingConfig, sub: dict[str, Any]) -> tuple[list[str], str | None]:
