@@ -361,3 +361,57 @@ async def test_only_a_page_the_tier_lacks_is_repaired_never_one_it_was_refused(p
     assert store.counters["repaired_object"] == 1
     assert await ledger.prefix(ns.digest, keys) == [OBJECT]  # page 0 kept, page 1 dropped
     await store.close()
+
+
+class NasTelling(NasTier):
+    """The real NAS tier, setting ``read`` once a read of it has answered."""
+
+    def __init__(self, config: NasConfig) -> None:
+        super().__init__(config)
+        self.read = threading.Event()
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
+        try:
+            return await super().get_many(keys)
+        finally:
+            self.read.set()
+
+
+class LedgerWrittenBehind(Ledger):
+    """The real ledger, before whose lookup answers a write-behind lands ``late``: written
+    to the NAS and recorded, after the early NAS read looked for it."""
+
+    def __init__(self, pool: asyncpg.Pool, nas: NasTelling, late: Block) -> None:
+        super().__init__(pool)
+        self.nas, self.late = nas, late
+
+    async def prefix(self, namespace: bytes, keys: Sequence[bytes]) -> list[int]:
+        assert await asyncio.to_thread(self.nas.read.wait, 60), "the early NAS read never ran"
+        await self.nas.put_many([self.late])
+        await self.record(_entries([self.late]), NAS)
+        return await super().prefix(namespace, keys)
+
+
+async def test_a_page_written_behind_the_early_read_is_not_dropped(parts, nas_dir: Path) -> None:
+    """The early read found no file for page 2; before the ledger answered, the write-behind
+    wrote and recorded it. The page is a miss this time, but its row and file stay."""
+    _nas, obj, ledger = parts
+    ns = namespace()
+    blocks = chain(ns, 3)
+    keys = [b.key for b in blocks]
+    nas = NasTelling(NasConfig(nas_dir, fsync=False))
+    await nas.put_many(blocks[:2])
+    await ledger.record(_entries(blocks[:2]), NAS)
+    store = TieredStore(
+        HostTier(1 << 30),
+        nas=nas,
+        obj=obj,
+        ledger=LedgerWrittenBehind(ledger.pool, nas, blocks[2]),
+        config=StoreConfig(ledger_timeout_s=60.0),
+    )
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes)
+    assert got.tiers == ["nas"] * 2
+    assert store.counters["repaired_nas"] == 0
+    assert await ledger.prefix(ns.digest, keys) == [NAS] * 3 and nas.path(keys[2]).exists()
+    await store.close()
+    nas.close()

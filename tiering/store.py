@@ -30,6 +30,7 @@ from tiering.ledger import NAS, OBJECT, Ledger
 from tiering.locate import Locator
 from tiering.tiers.base import Answers, Tier
 from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasTier
 from tiering.write_behind import WriteBehind
 
 #: Tiers in ladder order below the device.
@@ -72,7 +73,7 @@ class TieredStore:
         self,
         host: HostTier,
         *,
-        nas: Tier | None = None,
+        nas: NasTier | None = None,
         obj: Tier | None = None,
         ledger: Ledger | None = None,
         cost: CostModel | None = None,
@@ -82,6 +83,7 @@ class TieredStore:
         """``resources`` (pools, clients the tiers use) are closed by :meth:`close`."""
         self.host = host
         self.tiers: dict[str, Tier] = {"host": host}
+        self._nas = nas
         if nas is not None:
             self.tiers["nas"] = nas
         if obj is not None:
@@ -242,6 +244,10 @@ class TieredStore:
                 for i, a in zip(idx, answers, strict=True)
                 if a is None or a is Landed.MISSING
             ]
+            if missing and self._nas is not None and tier == "nas" and early is not None:
+                # The early read looked before the ledger answered: a page written and
+                # recorded in between (write-behind) was absent then and is not lost.
+                missing = await self._nas.absent(missing)
             if missing and not abandoned:  # an abandoned landing stops reading: no proof either
                 await self._repair(tier, missing)
         out = self._assemble(namespace, plan, got, landed_early)

@@ -263,6 +263,14 @@ class NasTier:
         self._stats.bytes_read += landed * into.check.payload_bytes
         return out
 
+    async def absent(self, keys: Sequence[bytes]) -> list[bytes]:
+        """Those of ``keys`` that have no file now (a read that found none may predate one)."""
+
+        def check() -> list[bytes]:
+            return [k for k in keys if not os.path.exists(self._file(k))]
+
+        return await self._run(check)
+
     async def longest_prefix(self, keys: Sequence[bytes]) -> int:
         def count() -> int:
             n = 0
