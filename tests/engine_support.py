@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,3 +78,20 @@ async def run(
 def tokens(events: list[TokenEvent]) -> list[int]:
     """All generated token ids of a request's events."""
     return [t for e in events for t in e.token_ids]
+
+
+async def run_together(
+    engine: TorchEngine, *requests: tuple[str, list[int], SamplingParams]
+) -> list[list[TokenEvent]]:
+    """Every event of each ``(rid, ids, sampling)`` request, all queued before the engine's
+    next step, so that they share steps (else a short request could end before the next
+    one is queued). The engine's step lock is held until every request is queued."""
+    with engine._step_lock:
+        tasks = [asyncio.ensure_future(run(engine, *r)) for r in requests]
+        rids = {rid for rid, _, _ in requests}
+        deadline = time.monotonic() + 30
+        while not rids <= engine._streams.keys():
+            if any(t.done() for t in tasks) or time.monotonic() > deadline:
+                break  # refused (its error is raised below) or never queued
+            await asyncio.sleep(0.01)
+    return list(await asyncio.gather(*tasks))

@@ -1,20 +1,25 @@
-"""Sampling: greedy, seeds, top-k/top-p cuts, min_tokens, stop ids, max_tokens."""
+"""Sampling: greedy, seeds, top-k/top-p cuts, min_tokens, stop ids, max_tokens, and that
+one request's sampling values or logits never fail the others in its batch."""
 
 from __future__ import annotations
 
-import torch
-from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
+import math
 
-from workers.engine.api import SamplingParams
-from workers.engine.sampling import RequestSampler, sample
+import pytest
+import torch
+from engine_support import greedy, run, run_together, tiny_engine, tiny_llama, tokens
+
+from workers.engine.api import GenerateRequest, SamplingParams
+from workers.engine.sampling import RequestSampler, SamplingError, check_sampling, sample
 
 CPU = torch.device("cpu")
 MODEL = tiny_llama(seed=6)
+VOCAB = MODEL.config.vocab_size  # 512
 PROMPT = torch.randint(3, 512, (30,), generator=torch.Generator().manual_seed(6)).tolist()
 
 
 def _sampler(**params: object) -> RequestSampler:
-    return RequestSampler(SamplingParams(**params), eos_token_ids=(2,), device=CPU)  # type: ignore[arg-type]
+    return RequestSampler(SamplingParams(**params), eos_token_ids=(2,), device=CPU, vocab_size=64)  # type: ignore[arg-type]
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
@@ -72,5 +77,100 @@ async def test_engine_sampling_end_to_end() -> None:
         assert tokens(held)[0] != base[0] and len(tokens(held)) >= 4
         empty = await run(engine, "z", PROMPT, greedy(0))
         assert tokens(empty) == [] and empty[-1].finish_reason == "length"
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"temperature": math.inf}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": 1e39}, "temperature"),  # inf in float32
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop_token_ids": (VOCAB,)}, "stop_token_ids"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+    ],
+)
+def test_check_sampling_names_the_field_a_step_could_not_take(
+    params: dict[str, object], field: str
+) -> None:
+    with pytest.raises(SamplingError) as err:
+        check_sampling(SamplingParams(**params), VOCAB)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_an_unsampleable_row_yields_none_and_the_others_draw_as_without_it() -> None:
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    alone = sample(logits[[0, 2]].clone(), [_sampler(seed=3), _sampler(seed=4)], [0, 0])
+    logits[1] = float("nan")
+    batched = sample(logits, [_sampler(seed=3), _sampler(seed=5), _sampler(seed=4)], [0, 0, 0])
+    assert batched == [alone[0], None, alone[1]]
+
+
+async def test_bad_sampling_values_are_refused_before_they_join_a_batch() -> None:
+    """Each of these used to raise inside the shared step, which aborted every request."""
+    engine = tiny_engine(MODEL)
+    try:
+        base = tokens(await run(engine, "g", PROMPT, greedy(6)))
+        bad = {
+            "stop_token_ids": greedy(6, stop_token_ids=(10**9,), min_tokens=1),
+            "seed": SamplingParams(max_tokens=6, seed=2**64),
+            "temperature": SamplingParams(max_tokens=6, temperature=math.inf, min_tokens=1),
+        }
+        for field, params in bad.items():
+            with pytest.raises(SamplingError, match=field):
+                engine.generate(GenerateRequest(f"bad-{field}", tuple(PROMPT), params))
+        assert tokens(await run(engine, "g2", PROMPT, greedy(6))) == base
+    finally:
+        engine.close()
+
+
+async def test_tiny_temperatures_are_greedy_and_a_huge_top_k_keeps_every_token() -> None:
+    """A 1e-46 temperature is 0.0 in float32 and a top_k past int64 overflowed the cut's
+    tensor: both used to fail the step and with it the greedy request beside them."""
+    engine = tiny_engine(MODEL)
+    try:
+        base = tokens(await run(engine, "g", PROMPT, greedy(8)))
+        whole_vocab = tokens(
+            await run(
+                engine, "k", PROMPT, SamplingParams(8, 1.0, top_k=VOCAB, seed=9, ignore_eos=True)
+            )
+        )
+        beside, tiny, huge_k = await run_together(
+            engine,
+            ("beside", PROMPT, greedy(8)),
+            ("tiny", PROMPT, SamplingParams(max_tokens=8, temperature=1e-46, ignore_eos=True)),
+            ("huge-k", PROMPT, SamplingParams(8, 1.0, top_k=2**63, seed=9, ignore_eos=True)),
+        )
+        assert tokens(beside) == base and beside[-1].finish_reason == "length"
+        assert tokens(tiny) == base and tiny[-1].finish_reason == "length"
+        assert tokens(huge_k) == whole_vocab and huge_k[-1].finish_reason == "length"
+    finally:
+        engine.close()
+
+
+async def test_a_request_with_nothing_to_sample_ends_alone() -> None:
+    """Every token is a stop id held back by min_tokens: the sampled row is all -inf and
+    its distribution NaN. That request ends with abort; the greedy one beside it, in the
+    same steps, runs to its length with the tokens it has alone."""
+    engine = tiny_engine(MODEL)
+    try:
+        base = tokens(await run(engine, "g", PROMPT, greedy(8)))
+        empty = SamplingParams(max_tokens=8, min_tokens=2, stop_token_ids=tuple(range(VOCAB)))
+        beside, doomed = await run_together(
+            engine, ("beside", PROMPT, greedy(8)), ("doomed", PROMPT[:10], empty)
+        )
+        assert tokens(beside) == base and beside[-1].finish_reason == "length"
+        assert tokens(doomed) == [] and doomed[-1].finish_reason == "abort"
+        load = engine.load()  # nothing left running, and the aborted request's pages freed
+        assert load.running == load.queued == 0 and load.pool_used_pages == load.cached_pages
     finally:
         engine.close()

@@ -42,6 +42,8 @@ def chat(**fields: object) -> bytes:
         (chat(logprobs=True), None, "logprobs are not supported"),
         (chat(temperature=5), "temperature", "less than or equal to 2"),
         (chat(stop=[""]), "stop", "non-empty"),
+        (chat(seed=2**64), "seed", "does not fit in 64 bits"),
+        (chat(seed=-(2**63) - 1), "seed", "does not fit in 64 bits"),
         (json.dumps({"messages": [USER]}).encode(), "model", "required"),
     ],
 )

@@ -1,7 +1,9 @@
 """What every route of a worker shares: the engine, text tools, config and metrics.
 
 It also holds the request checks that need the model (served name, context length,
-vocabulary), so the OpenAI and the native routes apply the same rules.
+vocabulary), so the OpenAI and the native routes apply the same rules. Sampling values are
+the engine's to judge (``workers.engine.sampling.check_sampling``): its refusals become
+400s here that name the field, as pydantic's do.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Protocol
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import RequestError
 from workers.engine.api import Engine, GenerateRequest, SamplingParams, TokenEvent
+from workers.engine.sampling import SamplingError
 from workers.generation import Detokenizer, TextDelta, generate_text
 from workers.metrics import ServerMetrics
 from workers.tier_metrics import TierStatsSource
@@ -84,16 +87,15 @@ class WorkerContext:
         """Check the prompt against the model and build the engine request.
 
         ``max_tokens`` None means "as many as the context leaves"; ``param`` names the
-        request field holding the prompt, for error messages.
+        request field holding the prompt, for error messages. ``sampling`` holds
+        :class:`SamplingParams` fields; token ids among them are checked like the prompt's.
         """
         context = self.engine.context_length
         n = len(input_ids)
         if n == 0:
             raise RequestError("the prompt is empty", param=param)
-        if any(not 0 <= i < self.tokenizer.vocab_size for i in input_ids):
-            raise RequestError(
-                f"token ids must be in [0, {self.tokenizer.vocab_size}) for this model", param=param
-            )
+        self._check_token_ids(input_ids, param)
+        self._check_token_ids(sampling.get("stop_token_ids", ()), "stop_token_ids")
         if n >= context:
             raise RequestError(
                 f"the prompt is {n} tokens but the model's context is {context} tokens; "
@@ -119,10 +121,18 @@ class WorkerContext:
             rid=rid, input_ids=tuple(input_ids), sampling=params, cache_salt=cache_salt
         )
 
+    def _check_token_ids(self, ids: Sequence[int], param: str) -> None:
+        """Raise a 400 naming ``param`` unless every id is a token of the tokenizer."""
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise RequestError(f"token ids must be in [0, {vocab}) for this model", param=param)
+
     def start(self, request: GenerateRequest, stops: Sequence[str]) -> AsyncIterator[TextDelta]:
         """Hand ``request`` to the engine; its text deltas (engine refusals become 400s)."""
         try:
             events = self.engine.generate(request)
+        except SamplingError as exc:
+            raise RequestError(str(exc), param=exc.field) from None
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         detokenizer = self.tokenizer.detokenizer()

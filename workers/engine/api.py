@@ -19,12 +19,18 @@ TIERS: tuple[str, ...] = ("device", "host", "nas", "object")
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each next token. ``temperature == 0`` means greedy."""
+    """How to pick each next token. ``temperature`` 0 means greedy, and so does any below
+    ``sampling.GREEDY_TEMPERATURE`` (1e-5), which float32 cannot divide logits by.
+
+    The engine refuses values it cannot sample with when the request arrives
+    (``sampling.check_sampling``): a ValueError naming the field, before the request joins
+    a batch.
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 = off
+    top_k: int = 0  # 0 = off; values beyond the vocabulary keep every token, as 0 does
     seed: int | None = None
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()

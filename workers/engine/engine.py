@@ -4,6 +4,12 @@ The model, pool, radix cache and scheduler live on one background thread that lo
 "apply queued commands, run one step" (torch releases the GIL inside its kernels, so the
 event loop stays responsive). ``generate`` hands the request to that thread and returns an
 async iterator fed with ``loop.call_soon_threadsafe``; closing it early aborts the request.
+
+A step serves every running request at once, so what one request brings must not fail it:
+``generate`` checks the prompt and builds the request's sampler (which checks its sampling
+parameters) before the request is queued, a request whose logits leave nothing to sample
+ends alone (see ``Scheduler.step``), and only a step that fails as a whole (the forward
+pass, the pages) ends every request.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from workers.engine.kv_pool import KVPool
 from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload, NoOffload
 from workers.engine.radix import RadixCache
-from workers.engine.scheduler import EngineStats, Scheduler
+from workers.engine.sampling import RequestSampler
+from workers.engine.scheduler import Scheduler
+from workers.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +88,10 @@ class EngineOptions:
         whole context each step, ran 23% faster on SmolLM2 (8 sequences of 1k-4.5k tokens).
         The cost is float16's rounding of K and V: SmolLM2's logits moved by at most 0.009
         and 32 greedy tokens after a 2k-token prompt stayed the same. Restored pages are
-        still exactly what recomputing writes, since both round the same way.
+        still exactly what recomputing writes, but only for an engine that computes them
+        the same way: the KV dtype does not say how the KV was computed (a float32 model on
+        CPU and a float16 one on CUDA both keep float16 KV, of other bytes), so tier keys
+        fold in the compute dtype and device type too (``kvgate.serving.kv_compute``).
         """
         device, dtype = self.resolved()
         if self.kv_dtype == "auto":
@@ -158,9 +169,10 @@ class TorchEngine:
 
     # --- the Engine protocol ------------------------------------------------------------------
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        """Validate ``request`` now (ValueError says what is wrong) and stream its events."""
-        self._validate(request)
-        return self._stream(request)
+        """Validate ``request`` now (ValueError says what is wrong; a ``SamplingError``
+        names the sampling field) and stream its events."""
+        sampler = self._validate(request)
+        return self._stream(request, sampler)
 
     def abort(self, rid: str) -> bool:
         with self._cond:
@@ -207,7 +219,9 @@ class TorchEngine:
             self._emit(TokenEvent(rid, [], finished=True, finish_reason="abort"))
 
     # --- internals ------------------------------------------------------------------------------
-    def _validate(self, request: GenerateRequest) -> None:
+    def _validate(self, request: GenerateRequest) -> RequestSampler:
+        """Check ``request`` against the model and the pool; its sampler, built here so that
+        bad sampling values fail this request now rather than a step it shares."""
         n = len(request.input_ids)
         if n == 0:
             raise ValueError("input_ids is empty: send at least one prompt token")
@@ -223,14 +237,19 @@ class TorchEngine:
                 f"the prompt needs {pages} KV pages but the pool holds {self.pool.num_pages}; "
                 "shorten it or raise kv_pool_bytes"
             )
+        return RequestSampler(
+            request.sampling, self.eos_token_ids, self.model.device, vocab_size=self.vocab_size
+        )
 
-    async def _stream(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+    async def _stream(
+        self, request: GenerateRequest, sampler: RequestSampler
+    ) -> AsyncIterator[TokenEvent]:
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         with self._cond:
             if request.rid in self._streams:
                 raise ValueError(f"request id {request.rid!r} is already in use")
             self._streams[request.rid] = (asyncio.get_running_loop(), queue)
-            self._inbox.append(("add", request))
+            self._inbox.append(("add", (request, sampler)))
             self._cond.notify()
         finished = False
         try:
@@ -268,11 +287,20 @@ class TorchEngine:
                 try:
                     for kind, arg in commands:
                         if kind == "add":
-                            self.scheduler.add(arg)  # type: ignore[arg-type]
+                            self._add(*arg)  # type: ignore[misc]
                         else:
                             self.scheduler.abort(arg)  # type: ignore[arg-type]
                     self.scheduler.step()
                 except Exception:
-                    # A failed step leaves batch state unknown: end everything, keep serving.
+                    # A failed step (or abort) leaves batch state unknown: end everything,
+                    # keep serving. Requests' own faults end only them (``_add``, ``step``).
                     log.exception("engine step failed; aborting all requests")
                     self.scheduler.abort_all()
+
+    def _add(self, request: GenerateRequest, sampler: RequestSampler) -> None:
+        """Queue ``request``; a failure here is this request's alone, so only it ends."""
+        try:
+            self.scheduler.add(request, sampler)
+        except Exception:
+            log.exception("queueing request %s failed; ending it", request.rid)
+            self._emit(TokenEvent(request.rid, [], finished=True, finish_reason="abort"))

@@ -3,10 +3,16 @@
 Greedy rows take the argmax. Sampled rows are tempered, cut by top-k and top-p in one
 batched sort, and drawn with the request's own ``torch.Generator`` so that a fixed seed
 reproduces the same tokens whatever else shares the batch.
+
+Parameters are checked when a request's :class:`RequestSampler` is built, before the
+request joins a batch: one request's bad values must not fail a step that other requests
+share. A row whose distribution still comes out unusable (non-finite logits, every token
+masked) yields None from :func:`sample` and the other rows are drawn as usual.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -14,15 +20,75 @@ import torch
 
 from workers.engine.api import FinishReason, SamplingParams
 
+#: Temperatures below this are greedy. Dividing logits by a smaller one overflows float32
+#: (and 1e-46 *is* 0.0 in float32), which leaves no distribution to draw from; vLLM treats
+#: temperatures under the same bound as greedy, and the output is the argmax either way.
+GREEDY_TEMPERATURE = 1e-5
+#: The largest temperature that stays finite in float32, where logits are divided by it.
+MAX_TEMPERATURE = float(torch.finfo(torch.float32).max)
+#: Seeds ``torch.Generator.manual_seed`` takes: any signed or unsigned 64-bit integer.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+class SamplingError(ValueError):
+    """Sampling parameters the engine cannot honour; ``field`` names the SamplingParams field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def check_sampling(params: SamplingParams, vocab_size: int) -> None:
+    """Raise :class:`SamplingError` unless ``params`` can be sampled over ``vocab_size`` ids.
+
+    Every value that would make a batched step raise (or draw from NaN) is refused here,
+    so that the request fails alone, before it is queued.
+    """
+    if params.max_tokens < 0:
+        raise SamplingError("max_tokens", "must be >= 0")
+    if params.min_tokens < 0:
+        raise SamplingError("min_tokens", "must be >= 0")
+    t = params.temperature
+    if not (math.isfinite(t) and 0.0 <= t <= MAX_TEMPERATURE):
+        raise SamplingError(
+            "temperature", f"{t!r} is not a finite number >= 0; send 0 for greedy decoding"
+        )
+    if not 0.0 < params.top_p <= 1.0:  # also refuses NaN
+        raise SamplingError("top_p", f"{params.top_p!r} is not in (0, 1]")
+    if params.top_k < 0:
+        raise SamplingError("top_k", f"{params.top_k} is negative; send 0 to turn top-k off")
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise SamplingError("seed", f"{params.seed} does not fit in 64 bits")
+    bad = [i for i in params.stop_token_ids if not 0 <= i < vocab_size]
+    if bad:
+        raise SamplingError(
+            "stop_token_ids",
+            f"{bad[0]} is not a token id of this model: ids lie in [0, {vocab_size})",
+        )
+
 
 class RequestSampler:
-    """One request's sampling state: its parameters, its generator, its stop rules."""
+    """One request's sampling state: its parameters, its generator, its stop rules.
+
+    Building one checks the parameters (:func:`check_sampling`), so a sampler that exists
+    can always take part in :func:`sample`.
+    """
 
     def __init__(
-        self, params: SamplingParams, eos_token_ids: Sequence[int], device: torch.device
+        self,
+        params: SamplingParams,
+        eos_token_ids: Sequence[int],
+        device: torch.device,
+        *,
+        vocab_size: int,
     ) -> None:
+        check_sampling(params, vocab_size)
         self.params = params
-        self.greedy = params.temperature <= 0.0
+        self.greedy = params.temperature < GREEDY_TEMPERATURE
+        #: ``top_k`` cut to the vocabulary (a larger one keeps every token, as the whole
+        #: vocabulary does, and would overflow the int64 tensor the cut is computed in)
+        self.top_k = min(params.top_k, vocab_size)
         self.generator: torch.Generator | None = None
         if not self.greedy:
             seed = params.seed if params.seed is not None else random.getrandbits(63)
@@ -52,31 +118,31 @@ def _argmax(logits: torch.Tensor) -> list[int]:
 
 def sample(
     logits: torch.Tensor, samplers: Sequence[RequestSampler], n_generated: Sequence[int]
-) -> list[int]:
-    """One token per row of ``logits`` (``[batch, vocab]``, float).
+) -> list[int | None]:
+    """One token per row of ``logits`` (``[batch, vocab]``, float), or None for a sampled
+    row that has no distribution to draw from (NaN or infinite logits, every token masked).
 
     ``n_generated[i]`` is how many tokens row ``i``'s request has produced so far; stop and
-    EOS ids are masked out while it is below that request's ``min_tokens``.
+    EOS ids are masked out while it is below that request's ``min_tokens``. A None row
+    does not change what the other rows draw: each row draws from its own generator.
     """
     logits = logits.float()
     for i, s in enumerate(samplers):
         if s.banned and n_generated[i] < s.params.min_tokens:
             logits[i, s.banned] = float("-inf")
-    out = _argmax(logits)
+    out: list[int | None] = list(_argmax(logits))
     rows = [i for i, s in enumerate(samplers) if not s.greedy]
     if not rows:
         return out
     sub = logits[rows]
     temps = torch.tensor([samplers[i].params.temperature for i in rows], device=sub.device)
     sub = sub / temps[:, None]
-    needs_cut = any(samplers[i].params.top_k > 0 or samplers[i].params.top_p < 1.0 for i in rows)
+    needs_cut = any(samplers[i].top_k > 0 or samplers[i].params.top_p < 1.0 for i in rows)
     if needs_cut:
         sub, order = sub.sort(dim=-1, descending=True)
         probs = sub.softmax(dim=-1)
         ranks = torch.arange(sub.shape[-1], device=sub.device)
-        top_k = torch.tensor(
-            [samplers[i].params.top_k or sub.shape[-1] for i in rows], device=sub.device
-        )
+        top_k = torch.tensor([samplers[i].top_k or sub.shape[-1] for i in rows], device=sub.device)
         top_p = torch.tensor([samplers[i].params.top_p for i in rows], device=sub.device)
         # keep a token while the mass before it is below top_p (the first is always kept)
         drop = (ranks[None, :] >= top_k[:, None]) | (probs.cumsum(-1) - probs >= top_p[:, None])
@@ -84,7 +150,12 @@ def sample(
     else:
         order = None
         probs = sub.softmax(dim=-1)
+    # multinomial raises on such a row (on CUDA it trips a device assert), so skip it
+    drawable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
     for j, i in enumerate(rows):
+        if not drawable[j]:
+            out[i] = None
+            continue
         pick = torch.multinomial(probs[j], 1, generator=samplers[i].generator)
         if order is not None:
             pick = order[j, pick]

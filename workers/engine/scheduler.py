@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.engine.api import TIERS, FinishReason, GenerateRequest, TokenEvent
+from workers.engine.api import FinishReason, GenerateRequest, TokenEvent
 from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.kv_pool import KVPool
 from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload
 from workers.engine.radix import PrefixHandle, RadixCache
 from workers.engine.sampling import RequestSampler, sample
+from workers.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +38,6 @@ HELD_BACK_WAIT_S = 0.05
 #: how long admission waits in all for held-back pages (a tier read that never returns, a
 #: hung NFS mount) before it refuses the request that needs them instead of waiting forever
 HELD_BACK_GIVE_UP_S = 30.0
-
-
-@dataclass
-class EngineStats:
-    """Monotonic counters since start (for /metrics). Mixed steps split time by token share."""
-
-    prefill_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    cached_tokens: int = 0
-    cached_tokens_by_tier: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
-    evicted_pages: int = 0
-    preemptions: int = 0
-    finished_requests: int = 0
-    steps: int = 0
 
 
 @dataclass
@@ -113,9 +98,8 @@ class Scheduler:
         self._held_given_up: int | None = None
 
     # --- requests in and out --------------------------------------------------------------------
-    def add(self, request: GenerateRequest) -> None:
-        """Queue a request (validated by the engine)."""
-        sampler = RequestSampler(request.sampling, self.eos_token_ids, self.model.device)
+    def add(self, request: GenerateRequest, sampler: RequestSampler) -> None:
+        """Queue a request (validated by the engine, which built its ``sampler``)."""
         req = _Request(
             rid=request.rid,
             namespace=request.cache_salt,
@@ -369,8 +353,12 @@ class Scheduler:
         for req, chunk in zip(reqs, chunks, strict=True):
             req.computed += len(chunk.token_ids)
         for i, token in zip(wanting, picks, strict=True):
-            self._accept(reqs[i], token)
-        self._account(chunks, time.perf_counter() - started)
+            if token is None:
+                self._drop_unsampleable(reqs[i])
+            else:
+                self._accept(reqs[i], token)
+        self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
+        self.stats.evicted_pages = self.cache.evicted_pages
         return True
 
     def _accept(self, req: _Request, token: int) -> None:
@@ -384,16 +372,18 @@ class Scheduler:
             self.stats.finished_requests += 1
         self._emit(req, [token], reason)
 
-    def _account(self, chunks: list[SeqChunk], seconds: float) -> None:
-        decode = sum(1 for c in chunks if len(c.token_ids) == 1)
-        total = sum(len(c.token_ids) for c in chunks)
-        s = self.stats
-        s.steps += 1
-        s.decode_tokens += decode
-        s.prefill_tokens += total - decode
-        s.decode_seconds += seconds * decode / total
-        s.prefill_seconds += seconds * (total - decode) / total
-        s.evicted_pages = self.cache.evicted_pages
+    def _drop_unsampleable(self, req: _Request) -> None:
+        """End ``req`` alone with ``abort``: its logits left nothing to draw from (NaN or
+        infinite, or every token masked). Its pages are freed, not cached: KV computed
+        beside such logits is not to be trusted. The rest of the batch carries on."""
+        log.error(
+            "request %s: its next-token distribution has no finite probability mass; ending it",
+            req.rid,
+        )
+        self.running.remove(req)
+        self._release(req, cache=False)
+        self.stats.finished_requests += 1
+        self._emit(req, [], "abort")
 
     def flush_cache(self) -> bool:
         """Drop every unreferenced cached page; False (and nothing dropped) when busy."""
