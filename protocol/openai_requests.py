@@ -6,7 +6,10 @@ body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling e
 (``min_tokens``, ``top_k``, ``stop_token_ids``, ``ignore_eos``) and the cache-salt fields
 of :mod:`protocol.fields`. Unknown fields are ignored, as OpenAI-compatible servers do;
 parameters we cannot honour (``n`` > 1, ``logprobs``) are rejected rather than ignored so
-that a client never silently gets less than it asked for.
+that a client never silently gets less than it asked for. Checks that need the model (token
+ids against its vocabulary, lengths against its context) are the worker's, which also
+samples a temperature below 1e-5 greedily and reads a ``top_k`` beyond the vocabulary as
+"keep every token".
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 #: Upper bound on any token count a client may ask for; anything above is a typo or abuse.
 #: The real limit (the model's context) is checked by the server once the prompt is known.
 MAX_TOKENS_LIMIT = 1_000_000
+
+#: The seeds a request may carry: any signed or unsigned 64-bit integer (what a
+#: ``torch.Generator`` takes; larger ones would fail inside the worker's engine).
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 #: Roles a chat message may have.
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -72,11 +79,13 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: only ``include_usage`` has a meaning."""
+    """``stream_options``: the usage chunk at the end, and (an SGLang and vLLM extension)
+    the running usage on every chunk."""
 
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
@@ -129,6 +138,11 @@ class _SamplingRequest(BaseModel):
             raise ValueError("token ids must be >= 0")
         return ids
 
+    @field_validator("seed")
+    @classmethod
+    def _seed_fits(cls, seed: int | None) -> int | None:
+        return check_seed(seed)
+
     @property
     def stop_strings(self) -> list[str]:
         """``stop`` as a list."""
@@ -145,6 +159,13 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a streamed response carries the usage so far (only
+        with ``include_usage``, as in vLLM)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
     def requested_max_tokens(self) -> int | None:
         """The completion-length cap the client asked for, or None for "up to the context"."""
@@ -204,6 +225,16 @@ class CompletionRequest(_SamplingRequest):
         if self.suffix:
             raise ValueError("suffix is not supported by this server; remove 'suffix'")
         return self
+
+
+def check_seed(seed: int | None) -> int | None:
+    """``seed`` unchanged when it lies in :data:`SEED_RANGE`, else a ValueError saying so."""
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(
+            f"seed {seed} does not fit in 64 bits; send an integer in "
+            f"[{SEED_RANGE[0]}, {SEED_RANGE[1]}]"
+        )
+    return seed
 
 
 M = TypeVar("M", bound=BaseModel)

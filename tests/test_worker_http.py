@@ -105,6 +105,22 @@ async def test_streamed_completion_matches_whole_and_ends_with_done(
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []  # the usage chunk
     assert chunks[-1]["usage"]["completion_tokens"] == 10
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+async def test_a_stream_can_carry_the_usage_so_far_on_every_chunk(
+    client: httpx.AsyncClient,
+) -> None:
+    """``continuous_usage_stats`` (as in SGLang and vLLM): what a gateway meters a stream
+    cut short by, since the usage chunk at the end never comes then."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    resp = await complete(
+        client, prompt="Hello", max_tokens=6, stream=True, stream_options=options, **GREEDY
+    )
+    chunks = [json.loads(p) for p in sse_payloads(resp.text)[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 6 and counts[0] >= 1
+    assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in chunks)
 
 
 async def test_native_generate_reports_meta_info(client: httpx.AsyncClient) -> None:

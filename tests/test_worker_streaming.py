@@ -196,9 +196,12 @@ async def test_a_request_id_already_running_is_refused_with_400(
     resp = await client.post("/v1/completions", json={**LONG, "max_tokens": 1}, headers=headers)
     assert resp.status_code == 400
     assert "already in use" in resp.json()["error"]["message"]
-    events = [e async for e in stream_lines(client, {**LONG, "stream": True}, headers)]
-    assert events[-1] == "[DONE]"
-    error = json.loads(events[-2])["error"]
+    # A stream is answered once its first token is there, so a refusal before it is an
+    # HTTP error too, not a 200 with the error in-band (a gateway retries only on status).
+    streamed = {**LONG, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=streamed, headers=headers) as resp:
+        assert resp.status_code == 400
+        error = json.loads(await resp.aread())["error"]
     assert "already in use" in error["message"] and error["type"] == "invalid_request_error"
     assert (await client.post("/abort_request", json={"rid": "twice"})).json()["aborted"]
     assert (await first).json()["choices"][0]["finish_reason"] == "abort"

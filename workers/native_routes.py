@@ -10,32 +10,42 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from protocol.disconnect import until_disconnect
 from protocol.fields import REQUEST_ID_HEADER
-from protocol.openai_requests import MAX_TOKENS_LIMIT, parse_body
+from protocol.openai_requests import MAX_TOKENS_LIMIT, check_seed, parse_body
 from workers.context import WorkerContext, request_id
 from workers.generation import TextDelta, collect
-from workers.streaming import DONE, sse, sse_response, until_disconnect
+from workers.streaming import DONE, sse, sse_response, started
 
 
 class NativeSamplingParams(BaseModel):
-    """SGLang's ``sampling_params`` (the subset the built-in engine honours)."""
+    """SGLang's ``sampling_params`` (the subset the built-in engine honours).
+
+    As in SGLang, ``temperature`` has no upper bound here (the engine refuses one that
+    overflows float32); token ids are checked against the vocabulary by the worker.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
     max_new_tokens: int = Field(128, ge=1, le=MAX_TOKENS_LIMIT)
     min_new_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     sampling_seed: int | None = None
+
+    @field_validator("sampling_seed")
+    @classmethod
+    def _seed_fits(cls, seed: int | None) -> int | None:
+        return check_seed(seed)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -95,7 +105,10 @@ def native_routes(ctx: WorkerContext) -> list[Route]:
 
         deltas = ctx.start(gen, params.stop_strings)
         if body.stream:
-            return sse_response(_stream(rid, deltas), headers)
+            first_on = await started(request, deltas)
+            if first_on is None:  # the client is gone before the first token
+                return Response(status_code=499)
+            return sse_response(_stream(rid, first_on), headers)
         final = await until_disconnect(request, lambda: collect(deltas))
         if final is None:  # the client is gone; nobody reads this
             return Response(status_code=499)

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from protocol.disconnect import until_disconnect
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import (
     ChatCompletionRequest,
@@ -20,7 +21,7 @@ from protocol.openai_requests import (
 )
 from workers.context import WorkerContext, request_id
 from workers.generation import TextDelta, collect
-from workers.streaming import DONE, sse, sse_response, until_disconnect
+from workers.streaming import DONE, sse, sse_response, started
 
 #: OpenAI object names of the two kinds of completion.
 _CHAT, _TEXT = "chat.completion", "text_completion"
@@ -109,7 +110,12 @@ async def _complete(
 
     deltas = ctx.start(gen, body.stop_strings)
     if body.stream:
-        return sse_response(shape.stream(deltas, body.include_usage), headers)
+        first_on = await started(request, deltas)
+        if first_on is None:  # the client is gone before the first token
+            return Response(status_code=499)
+        return sse_response(
+            shape.stream(first_on, body.include_usage, body.continuous_usage), headers
+        )
     final = await until_disconnect(request, lambda: collect(deltas))
     if final is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
@@ -158,16 +164,18 @@ class _Shape:
         return self._envelope(self.chunk_object, [choice])
 
     async def stream(
-        self, deltas: AsyncIterator[TextDelta], include_usage: bool
+        self, deltas: AsyncIterator[TextDelta], include_usage: bool, every_chunk: bool
     ) -> AsyncGenerator[bytes, None]:
-        """SSE events of a streamed completion, ending with ``data: [DONE]``."""
+        """SSE events of a streamed completion, ending with ``data: [DONE]``; with
+        ``every_chunk``, each text chunk carries the usage so far."""
         usage_field = {"usage": None} if include_usage else {}
         if self.kind == _CHAT:
             yield sse(self.chunk(None, None) | usage_field)
         async with aclosing(deltas):
             async for delta in deltas:
                 if delta.text or delta.finish_reason:
-                    yield sse(self.chunk(delta.text, delta.finish_reason) | usage_field)
+                    usage = {"usage": delta.usage.openai()} if every_chunk else usage_field
+                    yield sse(self.chunk(delta.text, delta.finish_reason) | usage)
                 if delta.finish_reason and include_usage:
                     usage = {"usage": delta.usage.openai()}
                     yield sse(self._envelope(self.chunk_object, []) | usage)

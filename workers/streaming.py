@@ -2,15 +2,14 @@
 
 Streaming responses are cancelled by Starlette when the client disconnects; that
 cancellation closes the generation and so aborts the engine request. A non-streaming
-response has nothing to send until the end, so :func:`until_disconnect` watches the
-connection itself and cancels the work when the client goes away.
+response, or a stream before its first token, has nothing to send meanwhile, so
+:func:`protocol.disconnect.until_disconnect` watches the connection itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from protocol.disconnect import until_disconnect
 from protocol.openai_errors import error_body
 from protocol.openai_requests import RequestError
 
@@ -71,25 +71,35 @@ def sse_response(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -
     )
 
 
-async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
-    """Run ``work``; cancel it and return None if the client disconnects first.
+async def started(
+    request: Request, items: AsyncGenerator[T, None]
+) -> AsyncGenerator[T, None] | None:
+    """``items`` once its first item is there; None (``items`` closed) if the client left.
 
-    Exceptions of ``work`` propagate unchanged (so a RequestError still becomes a 400).
+    A stream answered before its first token would report every failure up to then in-band,
+    under a 200: a refusal, a crash during prefill. Waiting for the first item lets them
+    answer with their own status, which a gateway retries on another worker when it is a
+    5xx, and makes the stream's first bytes carry a token.
     """
-    job = asyncio.ensure_future(work())
-    watcher = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not job.done():
-            job.cancel()
-            # Let the cancelled work close its engine iterator before we return.
-            await asyncio.gather(job, return_exceptions=True)
-    return None if job.cancelled() else job.result()
+        first = await until_disconnect(request, lambda: anext(items, _END))
+    except BaseException:
+        await items.aclose()
+        raise
+    if first is None:
+        await items.aclose()
+        return None
+    return _prepended(first, items)
 
 
-async def _disconnected(request: Request) -> None:
-    """Return once the client has closed the connection (the body is already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+#: what :func:`started` reads from a stream that ended before its first item
+_END: Any = object()
+
+
+async def _prepended(first: T, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """``first``, then the items of ``rest`` (closed with this generator)."""
+    async with aclosing(rest):
+        if first is not _END:
+            yield first
+        async for item in rest:
+            yield item
