@@ -56,6 +56,17 @@ def test_seed_reproduces_independent_of_the_batch() -> None:
     assert batched[1] == alone[0]
 
 
+def test_a_seeded_request_draws_the_same_beside_requests_with_cuts() -> None:
+    """A neighbour with top_p or top_k must not change how a request without a cut draws
+    (20 draws: a different path would pick another token from the same generator state)."""
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    lone, paired = _sampler(seed=42), _sampler(seed=42)
+    neighbour = _sampler(seed=3, top_p=0.9, top_k=20)
+    alone = [sample(logits[:1].clone(), [lone], [0])[0] for _ in range(20)]
+    beside = [sample(logits.clone(), [paired, neighbour], [0, 0])[0] for _ in range(20)]
+    assert beside == alone
+
+
 async def test_engine_sampling_end_to_end() -> None:
     engine = tiny_engine(MODEL)
     try:

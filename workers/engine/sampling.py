@@ -1,7 +1,8 @@
 """Picking next tokens for a batch of requests, each with its own sampling parameters.
 
-Greedy rows take the argmax. Sampled rows are tempered, cut by top-k and top-p in one
-batched sort, and drawn with the request's own ``torch.Generator`` so that a fixed seed
+Greedy rows take the argmax. Sampled rows are tempered, the rows with a cut are cut by
+top-k and top-p in one batched sort, and each row is drawn with the request's own
+``torch.Generator``, from the distribution it would have alone, so that a fixed seed
 reproduces the same tokens whatever else shares the batch.
 
 Parameters are checked when a request's :class:`RequestSampler` is built, before the
@@ -137,27 +138,35 @@ def sample(
     sub = logits[rows]
     temps = torch.tensor([samplers[i].params.temperature for i in rows], device=sub.device)
     sub = sub / temps[:, None]
-    needs_cut = any(samplers[i].top_k > 0 or samplers[i].params.top_p < 1.0 for i in rows)
-    if needs_cut:
-        sub, order = sub.sort(dim=-1, descending=True)
-        probs = sub.softmax(dim=-1)
+    # Each row draws the way it would alone: a cut (top-k, top-p) draws from its sorted
+    # distribution, the rest from the plain one, whatever else shares the batch (the same
+    # generator state picks another index in a sorted vector than in an unsorted one).
+    cut = [j for j, i in enumerate(rows) if samplers[i].top_k > 0 or samplers[i].params.top_p < 1]
+    draws: list[tuple[torch.Tensor, torch.Tensor | None]] = [(p, None) for p in sub.softmax(-1)]
+    if cut:
+        sorted_sub, order = sub[cut].sort(dim=-1, descending=True)
+        probs = sorted_sub.softmax(dim=-1)
         ranks = torch.arange(sub.shape[-1], device=sub.device)
-        top_k = torch.tensor([samplers[i].top_k or sub.shape[-1] for i in rows], device=sub.device)
-        top_p = torch.tensor([samplers[i].params.top_p for i in rows], device=sub.device)
+        cut_rows = [samplers[rows[j]] for j in cut]
+        top_k = torch.tensor([s.top_k or sub.shape[-1] for s in cut_rows], device=sub.device)
+        # top_p 1 keeps everything (float32 sums reach 1.0 before the tail ends)
+        top_p = torch.tensor(
+            [s.params.top_p if s.params.top_p < 1 else math.inf for s in cut_rows],
+            device=sub.device,
+        )
         # keep a token while the mass before it is below top_p (the first is always kept)
         drop = (ranks[None, :] >= top_k[:, None]) | (probs.cumsum(-1) - probs >= top_p[:, None])
         probs = probs.masked_fill(drop, 0.0)
-    else:
-        order = None
-        probs = sub.softmax(dim=-1)
-    # multinomial raises on such a row (on CUDA it trips a device assert), so skip it
-    drawable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
+        for k, j in enumerate(cut):
+            draws[j] = (probs[k], order[k])
     for j, i in enumerate(rows):
-        if not drawable[j]:
+        probs_j, order_j = draws[j]
+        # multinomial raises on such a row (on CUDA it trips a device assert), so skip it
+        if not bool(torch.isfinite(probs_j).all()) or not float(probs_j.sum()) > 0:
             out[i] = None
             continue
-        pick = torch.multinomial(probs[j], 1, generator=samplers[i].generator)
-        if order is not None:
-            pick = order[j, pick]
+        pick = torch.multinomial(probs_j, 1, generator=samplers[i].generator)
+        if order_j is not None:
+            pick = order_j[pick]
         out[i] = int(pick.item())
     return out
