@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -257,6 +259,39 @@ async def test_flush_cache_and_abort_unknown(
     assert _counter(metrics, "kvgate_worker_preemptions_total") == engine.stats().preemptions
     resp = await client.post("/abort_request", json={"rid": "no-such-request"})
     assert resp.json() == {"rid": "no-such-request", "aborted": False}
+
+
+async def test_a_flush_waiting_for_a_step_does_not_stall_the_worker(
+    client: httpx.AsyncClient, engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a step runs (here: its lock held by another thread), a flush waits for it off
+    the event loop: the worker keeps answering meanwhile."""
+    holding, done, flushing = threading.Event(), threading.Event(), threading.Event()
+    flush_cache = engine.flush_cache
+
+    def flush_noting_it() -> bool:
+        flushing.set()
+        return flush_cache()
+
+    monkeypatch.setattr(engine, "flush_cache", flush_noting_it)
+
+    def step() -> None:
+        with engine._step_lock:
+            holding.set()
+            done.wait(10)  # the flush is answered after this either way
+
+    holder = threading.Thread(target=step)
+    holder.start()
+    try:
+        await asyncio.to_thread(holding.wait, 10)
+        flush = asyncio.create_task(client.post("/flush_cache"))
+        await asyncio.to_thread(flushing.wait, 10)  # it waits for the step now
+        health = await client.get("/health")
+        assert health.status_code == 200 and not flush.done()
+    finally:
+        done.set()
+        await asyncio.to_thread(holder.join)
+    assert (await flush).status_code == 200
 
 
 async def chat(client: httpx.AsyncClient, **fields: object) -> httpx.Response:

@@ -97,7 +97,8 @@ def admin_routes(ctx: WorkerContext) -> list[Route]:
         return JSONResponse({"rid": body.rid, "aborted": ctx.engine.abort(body.rid)})
 
     async def flush_cache(request: Request) -> Response:
-        if ctx.engine.flush_cache():
+        # It waits for the step under way (seconds on a CPU): keep it off the event loop.
+        if await anyio.to_thread.run_sync(ctx.engine.flush_cache):
             return PlainTextResponse("Cache flushed.")
         return JSONResponse(
             error_body(400, "requests are running; flush the cache once the worker is idle"),
