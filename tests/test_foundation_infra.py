@@ -20,8 +20,9 @@ from kvgate.settings_doc import env_names
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 SETTINGS_ENV = {env_names(n, f)[0] for n, f in Settings.model_fields.items()}
-#: variables the manifests define for their own use (downward API), not kvgate settings
-POD_ENV = {"POD_NAME", "POD_IP"}
+#: variables the manifests define for their own use (downward API) or for the tools a pod
+#: runs (Hugging Face's cache, shared by ``hf download`` and SGLang), not kvgate settings
+POD_ENV = {"POD_NAME", "POD_IP", "HF_HOME"}
 
 
 def documents() -> list[dict[str, Any]]:
