@@ -58,6 +58,27 @@ async def test_16_concurrent_overlapping_requests_with_a_small_pool() -> None:
         engine.close()
 
 
+async def test_a_request_waiting_for_room_does_not_empty_the_cache_meanwhile() -> None:
+    """C cannot be admitted while A runs, even with every cached page evicted: it waits,
+    and W's cached pages stay (they used to be evicted again at every step)."""
+    engine = tiny_engine(MODEL, pages=12)
+    try:
+        await run(engine, "w", _ids(64, 11), greedy(1))  # leaves 4 cached pages
+        assert engine.load().cached_pages == 4
+        running = engine.generate(GenerateRequest("a", tuple(_ids(48, 12)), greedy(60)))
+        await anext(running)  # A holds 4 pages, and grows
+        waiting = asyncio.ensure_future(run(engine, "c", _ids(130, 13), greedy(1)))  # 9 pages
+        await _until(lambda: engine.load().queued == 1, "C to queue behind A")
+        for _ in range(3):  # steps taken while C waited
+            await anext(running)
+        assert engine.load().queued == 1 and engine.load().cached_pages == 4
+        async for _ in running:
+            pass
+        assert (await waiting)[-1].finish_reason == "length"  # admitted once A was done
+    finally:
+        engine.close()
+
+
 async def test_closing_the_stream_early_frees_every_page() -> None:
     engine = tiny_engine(MODEL)
     try:

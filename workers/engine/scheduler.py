@@ -153,9 +153,12 @@ class Scheduler:
 
     # --- pages ------------------------------------------------------------------------------------
     def _reserve(self, n: int) -> bool:
-        """Make ``n`` pages free, evicting cached ones if needed."""
+        """Make ``n`` pages free, evicting cached ones if needed; evicts nothing when that
+        cannot free enough (a request waiting for room would empty the cache every step)."""
         short = n - self.pool.free_pages
         if short > 0:
+            if short > self.cache.evictable_pages:
+                return False
             self.cache.evict(short)
         return self.pool.free_pages >= n
 
