@@ -82,11 +82,21 @@ def host_pool(
 
 
 def create_backend(
-    opts: SGLangBackendOptions, pool: MHAHostPoolReplica, *, tp_rank: int = 0, register: bool = True
+    opts: SGLangBackendOptions,
+    pool: MHAHostPoolReplica,
+    *,
+    tp_rank: int = 0,
+    register: bool = True,
+    **storage: Any,
 ):
-    """A backend as SGLang attaches it, as rank ``tp_rank`` of 2."""
+    """A backend as SGLang attaches it, as rank ``tp_rank`` of 2 (``storage`` overrides
+    fields of SGLang's storage config, and may change that)."""
     return attach(
-        opts, pool, tp_rank=tp_rank, tp_size=2, model_name="org/test-model", register=register
+        opts,
+        pool,
+        **({"tp_rank": tp_rank, "tp_size": 2} | storage),
+        model_name="org/test-model",
+        register=register,
     )
 
 
@@ -100,8 +110,9 @@ def sglang_keys(n_pages: int, salt: str | None = None, first: int = 0) -> list[s
 
 @contextlib.contextmanager
 def backends(nas_dir: Path, s3: S3Endpoint, prefix: str) -> Iterator[Callable[..., Any]]:
-    """``make(pool=None, *, tp_rank=0, register=True, **options)``: a backend on ``nas_dir``
-    and ``s3`` under ``prefix``, as a fresh SGLang process attaches it; all closed on exit.
+    """``make(pool=None, *, tp_rank=0, register=True, storage={}, **options)``: a backend
+    on ``nas_dir`` and ``s3`` under ``prefix``, as a fresh SGLang process attaches it (with
+    ``storage`` overriding SGLang's storage config); all closed on exit.
 
     The secrets must be in the environment already (:func:`backend_env`).
     """
@@ -109,8 +120,11 @@ def backends(nas_dir: Path, s3: S3Endpoint, prefix: str) -> Iterator[Callable[..
 
     def make(pool: MHAHostPoolReplica | None = None, **kw: Any) -> Any:
         tp_rank, register = int(kw.pop("tp_rank", 0)), bool(kw.pop("register", True))
+        storage = dict(kw.pop("storage", {}))
         opts = options(nas_dir, s3, prefix, **kw)
-        backend = create_backend(opts, pool or host_pool(), tp_rank=tp_rank, register=register)
+        backend = create_backend(
+            opts, pool or host_pool(), tp_rank=tp_rank, register=register, **storage
+        )
         made.append(backend)
         return backend
 

@@ -63,6 +63,31 @@ def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
     assert reader.batch_exists(sglang_keys(2, salt="tp-other-team")) == 0
 
 
+def test_decode_context_parallel_ranks_never_share_pages(make: Make) -> None:
+    """An MLA model with decode context parallelism: each DCP rank holds its own slice of
+    every page, so rank 1 must not restore rank 0's slice; the same rank of another DCP
+    group holds the same slice and does."""
+
+    def dcp(tp_rank: int) -> dict[str, object]:
+        return {
+            "tp_size": 4,
+            "is_mla_model": True,
+            "dcp_size": 2,
+            "dcp_rank": tp_rank % 2,
+            "logical_page_size": 2 * PAGE,
+        }
+
+    src = host_pool()
+    idx = src.alloc(2 * PAGE)
+    src.fill_random(idx, seed=5)
+    keys = sglang_keys(2, salt="dcp")
+    rank0 = make(src, tp_rank=0, storage=dcp(0))
+    rank0.batch_set_v1(keys, idx)
+    rank0.flush()
+    assert make(host_pool(), tp_rank=1, storage=dcp(1)).batch_exists(keys) == 0
+    assert make(host_pool(), tp_rank=2, storage=dcp(2)).batch_exists(keys) == 2
+
+
 def test_other_weights_under_one_served_name_never_share_pages(make: Make) -> None:
     """A rolling upgrade: v1 and v2 of a fine-tune, both served as ``test-model``. v2 must
     recompute what v1 stored, never decode on v1's KV."""

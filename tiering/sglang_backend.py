@@ -109,6 +109,10 @@ class KvgateHiCacheStorage(HiCacheStorage):
             shard += f";pp={c.pp_rank}/{c.pp_size}"
         if c.attn_cp_size > 1:  # context parallel: each rank holds a slice of every page
             shard += f";cp={c.attn_cp_rank}/{c.attn_cp_size}"
+        dcp = getattr(c, "dcp_size", 1)
+        if dcp > 1:  # decode context parallel (MLA): each DCP rank holds a slice too
+            page = getattr(c, "logical_page_size", None)
+            shard += f";dcp={c.dcp_rank}/{dcp};tp={c.tp_size};page={page}"
         self._page_tokens = mem_pool_host.page_size
         self._page_bytes = mem_pool_host.get_size_per_token() * mem_pool_host.page_size
         # A host pool with a page format of its own (SGLang's unified pool) stores other

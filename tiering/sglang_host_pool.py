@@ -12,6 +12,7 @@ The tests and ``kvgate bench sglang`` drive the backend with it; SGLang never lo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -141,11 +142,13 @@ def attach(
     tp_size: int = 1,
     model_name: str = "",
     register: bool = True,
+    **storage: Any,
 ) -> Any:
     """What SGLang's HiCacheController does on attach: the factory's dynamic path, then register.
 
     ``register=False`` stops before registering the host pool (SGLang's threads may call in
-    that window).
+    that window). ``storage`` overrides fields of SGLang's ``HiCacheStorageConfig`` (an MLA
+    model, decode context parallelism).
 
     Returns what SGLang would hold: our backend, or SGLang's failure injector around it
     when ``SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE`` is set.
@@ -167,6 +170,7 @@ def attach(
         # SGLang hands the parsed JSON of --hicache-storage-backend-extra-config.
         extra_config=options.to_extra_config(),
     )
+    config = dataclasses.replace(config, **storage)
     backend = StorageBackendFactory.create_backend("dynamic", config, pool)
     if register:
         backend.register_mem_pool_host(pool)
