@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from kvgate.cli_args import pop_option
 from kvgate.settings import Settings, load_settings
 from kvgate.sglang_weights import SGLangWeights, WeightsUnavailable, resolve_weights, split_revision
 from tiering.sglang_options import (
@@ -82,20 +83,7 @@ class EngineSwitch(click.Command):
 
 def _pop_engine(args: list[str]) -> tuple[list[str], str | None]:
     """``args`` without its ``--engine X`` / ``--engine=X`` (before any ``--``), and X."""
-    rest, engine, i = [], None, 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            rest += args[i:]
-            break
-        if arg == "--engine" and i + 1 < len(args):
-            engine, i = args[i + 1], i + 2
-            continue
-        if arg.startswith("--engine="):
-            engine = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-        i += 1
+    engine, rest = pop_option(args, "--engine", before_dashes=True)
     return rest, engine
 
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvgate.cli_args import pop_option
 from kvgate.models import WEIGHTS_SUFFIXES, content_fingerprint
 
 
@@ -75,18 +76,7 @@ def split_revision(args: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
 
     The launch replaces it with the commit it resolves to, so SGLang loads what was hashed.
     """
-    rest: list[str] = []
-    revision, i = None, 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--revision" and i + 1 < len(args):
-            revision, i = args[i + 1], i + 2
-            continue
-        if arg.startswith("--revision="):
-            revision = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-        i += 1
+    revision, rest = pop_option(args, "--revision")
     return revision, tuple(rest)
 
 
