@@ -70,13 +70,8 @@ async def live_subscription(db: Any, team_id: int) -> str | None:
 
     Live means Stripe may still charge for it: active, trialing or past_due.
     """
-    found = await db.fetchval(
-        "SELECT status FROM stripe_subscriptions WHERE team_id = $1 AND status = ANY($2::text[]) "
-        "ORDER BY status = 'past_due', event_created DESC LIMIT 1",
-        team_id,
-        list(LIVE),
-    )
-    return None if found is None else str(found)
+    best = await _best_live(db, team_id, with_plan=False)
+    return None if best is None else str(best["status"])
 
 
 async def apply_subscription(
@@ -287,14 +282,17 @@ async def _record_event(db: Any, team_id: int, event_created: int) -> None:
     )
 
 
-async def _best_live(db: Any, team_id: int) -> Any:
-    """The team's best live subscription with a known plan, as a (status, plan) record.
+async def _best_live(db: Any, team_id: int, *, with_plan: bool = True) -> Any:
+    """The team's best live subscription (with a known plan, unless ``with_plan`` is
+    False), as a (status, plan) record.
 
     Paying (active, trialing) comes before past_due, then the newest; None if there is none.
     """
+    planned = "AND plan IS NOT NULL " if with_plan else ""
     return await db.fetchrow(
-        "SELECT status, plan FROM stripe_subscriptions WHERE team_id = $1 AND plan IS NOT NULL "
-        "AND status = ANY($2::text[]) ORDER BY status = 'past_due', event_created DESC LIMIT 1",
+        "SELECT status, plan FROM stripe_subscriptions WHERE team_id = $1 "
+        f"{planned}AND status = ANY($2::text[]) "
+        "ORDER BY status = 'past_due', event_created DESC LIMIT 1",
         team_id,
         list(LIVE),
     )
