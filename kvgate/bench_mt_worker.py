@@ -17,7 +17,7 @@ from __future__ import annotations
 import click
 import uvicorn
 
-from kvgate.serving import load_model, running_engine, worker_options
+from kvgate.serving import cores_to_the_engine, load_model, running_engine, worker_options
 from kvgate.settings import load_settings
 from kvgate.tiering_setup import object_config
 from tiering.store import LOWER_TIERS
@@ -38,7 +38,7 @@ def main(tiers: str, host: str, port: int) -> None:
     settings = load_settings()
     if "object" in chosen and object_config(settings) is None:
         raise click.UsageError("--tiers object needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
-    options = worker_options(settings)
+    options = cores_to_the_engine(worker_options(settings))
     loaded = load_model(options)
     with running_engine(
         loaded, options, settings if chosen else None, lower_tiers=chosen
