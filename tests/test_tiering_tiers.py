@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -107,6 +109,26 @@ async def test_nas_batch_read_keeps_order_across_threads_slabs_misses_and_damage
     stats = nas.stats()
     assert (stats.hits, stats.misses, stats.corruptions) == (6, 3, 2)
     assert await nas.get_many([]) == []
+    nas.close()
+
+
+async def test_nas_reads_never_queue_behind_writes(nas_dir: Path) -> None:
+    """A restore's reads are answered while every write thread is busy (the write-behind
+    of a burst of evictions must not delay a returning conversation)."""
+    nas = NasTier(NasConfig(nas_dir, fsync=False, threads=2, write_threads=2))
+    blocks = chain(namespace(), 3)
+    await nas.put_many(blocks)
+    release = threading.Event()
+    held = [nas._writes.submit(release.wait, 30) for _ in range(2)]  # every write thread
+    try:
+        writing = asyncio.ensure_future(nas.put_many(chain(namespace("other"), 2)))
+        got = await asyncio.wait_for(nas.get_many([b.key for b in blocks]), 10)
+        assert [bytes(g.payload) for g in got] == [bytes(b.payload) for b in blocks]
+        assert not writing.done()  # the writes did wait for a write thread
+    finally:
+        release.set()
+    await writing
+    assert all(h.result() for h in held)
     nas.close()
 
 
