@@ -85,7 +85,9 @@ def test_held_back_pages_return_only_when_given_back() -> None:
 async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A tier read that never returns keeps its pages held back: the request that needs
     them is refused after the give-up time instead of waiting for ever, the next one at
-    once while the same pages are still out, and requests run again once they are back."""
+    once while the same pages are still out, and requests run again once they are back.
+    Pages held back later are other pages: the first request they stop waits for them
+    again, even when as many are out as when admission last gave up."""
     monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
     engine = tiny_engine(MODEL, pages=8)  # 8 pages of 16 tokens
     try:
@@ -106,6 +108,15 @@ async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypat
         served = await asyncio.wait_for(run(engine, "later", prompt, greedy(4)), 30)
         assert len(tokens(served)) == 4 and served[-1].finish_reason == "length"
         assert engine.pool.held_back == 0
+        monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
+        assert engine.flush_cache()  # the engine is idle again: its cache gives its pages up
+        held = engine.pool.alloc(4)
+        give_back = [engine.pool.hold_back(page) for page in held]  # 4 out, as before
+        start = time.monotonic()
+        refused = await asyncio.wait_for(run(engine, "stuck-anew", prompt, greedy(4)), 30)
+        assert tokens(refused) == [] and time.monotonic() - start >= 0.3
+        for back in give_back:
+            back()
     finally:
         engine.close()
 

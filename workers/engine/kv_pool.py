@@ -86,6 +86,8 @@ class KVPool:
         #: pages an abandoned restore may still write (see :meth:`hold_back`), and those
         #: whose writes have ended since, to be put back on the free list
         self.held_back = 0
+        #: pages ever held back (with ``held_back``, tells one set of pages out from another)
+        self.holds = 0
         self._returned: collections.deque[int] = collections.deque()
         self._given_back = threading.Event()
         self._bytes: memoryview | None = None  # a CPU pool's storage as bytes, made on demand
@@ -164,6 +166,7 @@ class KVPool:
         """Keep ``page_id`` out of circulation until the returned callable runs (on any
         thread): a restore abandoned at its deadline may still be writing into it."""
         self.held_back += 1
+        self.holds += 1
 
         def give_back() -> None:
             self._returned.append(page_id)  # deque appends are thread-safe

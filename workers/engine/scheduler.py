@@ -93,9 +93,10 @@ class Scheduler:
         self._seq = 0
         #: the request admission waits for held-back pages for, and since when
         self._held_wait: tuple[str, float] | None = None
-        #: how many pages were held back when admission last gave up on them: while that
-        #: many still are, the next request that needs them is refused without a wait
-        self._held_given_up: int | None = None
+        #: the pool's ``(holds, held_back)`` when admission last gave up on held-back pages:
+        #: while no page was held back or given back since, the same pages are still out,
+        #: and the next request that needs them is refused without a wait
+        self._held_given_up: tuple[int, int] | None = None
 
     # --- requests in and out --------------------------------------------------------------------
     def add(self, request: GenerateRequest, sampler: RequestSampler) -> None:
@@ -231,7 +232,7 @@ class Scheduler:
     def _waited_out_held_back(self, req: _Request) -> bool:
         """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages
         on ``req``'s behalf, or at once while the pages it gave up on are still out."""
-        if self._held_given_up == self.pool.held_back:
+        if self._held_given_up == (self.pool.holds, self.pool.held_back):
             return True  # the same pages are still out: waiting again brings nothing back
         now = time.monotonic()
         if self._held_wait is None or self._held_wait[0] != req.rid:
@@ -245,7 +246,7 @@ class Scheduler:
             self.pool.held_back,
             waited,
         )
-        self._held_given_up = self.pool.held_back
+        self._held_given_up = (self.pool.holds, self.pool.held_back)
         return True
 
     def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
