@@ -113,9 +113,6 @@ class NasTier:
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def _run_write(self, fn, *args):  # type: ignore[no-untyped-def]
-        return await asyncio.get_running_loop().run_in_executor(self._writes, fn, *args)
-
     # --- reads --------------------------------------------------------------------------
     def _open(self, path: str) -> tuple[int, int] | None:
         """``(fd, size)`` of the block file at ``path``, or None when there is none."""
@@ -241,16 +238,27 @@ class NasTier:
         return out
 
     async def _spread(
-        self, read_run: Callable[..., list[Any]], keys: Sequence[bytes], *aligned: Sequence[Any]
+        self,
+        run: Callable[..., list[Any]],
+        items: Sequence[Any],
+        *aligned: Sequence[Any],
+        writes: bool = False,
     ) -> list[Any]:
-        """``read_run`` over one contiguous run of ``keys`` (and of each ``aligned``
-        sequence) per thread: as many reads in flight as threads, without a future and a
-        loop wake-up per page. The runs' answers, concatenated."""
-        runs = max(1, min(self.config.threads, len(keys)))
-        bounds = [len(keys) * r // runs for r in range(runs + 1)]
+        """``run`` over one contiguous run of ``items`` (and of each ``aligned`` sequence)
+        per read thread, or per write thread with ``writes``: as many pages in flight as
+        threads, without a future and a loop wake-up per page. The runs' answers,
+        concatenated."""
+        pool, threads = (
+            (self._writes, self.config.write_threads)
+            if writes
+            else (self._pool, self.config.threads)
+        )
+        runs = max(1, min(threads, len(items)))
+        bounds = [len(items) * r // runs for r in range(runs + 1)]
+        loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
             *(
-                self._run(read_run, keys[a:b], *(seq[a:b] for seq in aligned))
+                loop.run_in_executor(pool, run, items[a:b], *(seq[a:b] for seq in aligned))
                 for a, b in itertools.pairwise(bounds)
             )
         )
@@ -296,12 +304,29 @@ class NasTier:
         return await self._run(count)
 
     # --- writes -------------------------------------------------------------------------
+    def _write_run(self, blocks: Sequence[Block]) -> list[Exception | None]:
+        """Write ``blocks`` one after another; per block None, or the error it met."""
+        out: list[Exception | None] = []
+        for block in blocks:
+            try:
+                self._write_one(block)
+            except Exception as exc:  # one failed page must not stop its neighbours
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
     def _write_one(self, block: Block) -> None:
-        path = self.path(block.key)
-        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        path = self._file(block.key)
+        folder, name = os.path.split(path)
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fd = os.open(tmp, flags, 0o644)
+            except FileNotFoundError:  # the shard's first page (or tierd emptied it)
+                os.makedirs(folder, exist_ok=True)
+                fd = os.open(tmp, flags, 0o644)
         except OSError as exc:
             raise TierError(f"nas: cannot create {tmp}: {exc}") from exc
         try:
@@ -327,9 +352,7 @@ class NasTier:
         # Every write runs to its end (or its clean-up) before this returns, even when one
         # fails: a caller that goes on after the first error must not race writes still
         # in flight (their temporaries would outlive the call).
-        results = await asyncio.gather(
-            *(self._run_write(self._write_one, b) for b in blocks), return_exceptions=True
-        )
+        results = await self._spread(self._write_run, blocks, writes=True)
         written = [b for b, r in zip(blocks, results, strict=True) if r is None]
         self._stats.puts += len(written)
         self._stats.bytes_written += sum(b.nbytes for b in written)
@@ -350,7 +373,9 @@ class NasTier:
             return sum(self._unlink(self.path(k)) for k in keys)
 
         try:
-            self._stats.deletes += await self._run_write(delete)
+            self._stats.deletes += await asyncio.get_running_loop().run_in_executor(
+                self._writes, delete
+            )
         except OSError as exc:
             raise TierError(f"nas: cannot delete under {self.root}: {exc}") from exc
 
