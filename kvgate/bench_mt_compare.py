@@ -9,7 +9,10 @@ Configurations (each on a fresh database, NAS directory and S3 prefix):
   most returning pages come back from the object store;
 - ``gateway_shared``: the gateway in front of two workers sharing the NAS and the object
   store, each turn's session key chosen so that the gateway's ring sends it to the other
-  worker than the previous turn: every follow-up must resume from the shared tiers.
+  worker than the previous turn: every follow-up must resume from the shared tiers. The
+  two split the machine's cores, as two GPU workers would each have a device: two
+  engines whose OpenMP teams both spin on every core stall each other (measured: a quick
+  run's 24 requests took 409 s instead of 62).
 
 Then the no-reuse workload (first turns of fresh conversations only) on two fresh workers,
 one without tiers and one with all of them (no tierd), the price of tiering when it cannot
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
 from collections import deque
@@ -264,6 +268,8 @@ class Compare:
     @contextlib.contextmanager
     def _gateway_shared(self, small_l2: int, logs: Path) -> Iterator[tuple[Target, Callable]]:
         site = self.site("gateway_shared", tier_host_bytes=small_l2)
+        cores = max(1, (os.cpu_count() or 1) // len(GATEWAY_WORKERS))
+        site = replace(site, env=site.env | {"OMP_NUM_THREADS": str(cores)})
         model = load_settings().worker_model or DEFAULT_MODEL  # the id the workers serve
         with contextlib.ExitStack() as workers:
             for wid in GATEWAY_WORKERS:
