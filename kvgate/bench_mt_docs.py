@@ -8,11 +8,10 @@ from typing import Any
 from kvgate.bench_mt_report import (
     LINK_EFFICIENCY,
     PREFILL_MFU,
-    RESTORE_FIGURES,
     RTX4090_FLOPS,
     fmt_rate,
     markdown_table,
-    restore_shortfall,
+    shortfall,
 )
 
 
@@ -76,8 +75,9 @@ def render(data: dict[str, Any], gpu: dict[str, Any] | None = None) -> str:
         "- Configurations: `recompute` (evictions dropped), `host` (L1+L2), `nas` (L1+L2+L3), "
         "`object` (L1+L2+L3+L4), `gateway_shared` (gateway, two workers sharing NAS and S3, "
         "every follow-up turn routed to the other worker). `gateway_shared` runs two workers "
-        "(twice the L1, two engines on the same cores), so its requests/s does not compare "
-        "with one worker's; its figure is the cached share of follow-up turns.",
+        "(twice the L1, two engines with half the cores each, as two GPU workers would have "
+        "a device each), so its requests/s does not compare with one worker's; its figure is "
+        "the cached share of follow-up turns.",
         f"- No reuse: first turns of {spec['no_reuse_requests']} fresh conversations on two "
         "fresh workers side by side, tiering off vs on (host, NAS, S3, ledger; no tierd), "
         f"played in waves of {spec['clients']} that alternate between the two (off·on, "
@@ -198,11 +198,7 @@ def findings(data: dict[str, Any]) -> list[str]:
     for key, v in data.get("targets", {}).items():
         if not v["met"]:
             value = "not measured" if v["value"] is None else f"{v['value']:.3f}"
-            why = v.get("why") or (
-                restore_shortfall(data, key)
-                if key in RESTORE_FIGURES and v["value"] is not None
-                else ""
-            )
+            why = v.get("why") or ("" if v["value"] is None else shortfall(data, key))
             why = f" ({why})" if why else ""
             out.append(f"- `{key}` missed: {value} against {v['target']}{why}.")
     if data.get("failures"):

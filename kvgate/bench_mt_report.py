@@ -104,6 +104,29 @@ def restore_shortfall(data: dict, key: str) -> str:
     )
 
 
+def no_reuse_shortfall(data: dict) -> str:
+    """Why ``no_reuse_overhead`` missed: every measured wave's own overhead, and where the
+    tiered worker's extra work runs."""
+    on, off = (data["no_reuse"][side]["wave_seconds"][1:] for side in ("on", "off"))
+    waves = ", ".join(f"{1 - f / n:+.1%}" for n, f in zip(on, off, strict=True))
+    cpus = data.get("machine", {}).get("cpus")
+    where = f"this machine's {cpus} cores" if cpus else "the machine's cores"
+    return (
+        f"the measured waves cost {waves} with tiering on; keying, copying and writing every "
+        f"evicted page runs on threads that take {where} from the engine's OpenMP team, which "
+        "waits for a preempted thread at each of a step's parallel regions"
+    )
+
+
+def shortfall(data: dict, key: str) -> str:
+    """Why acceptance figure ``key`` (measured, missed) missed, where the run can tell."""
+    if key in RESTORE_FIGURES:
+        return restore_shortfall(data, key)
+    if key == "no_reuse_overhead":
+        return no_reuse_shortfall(data)
+    return ""
+
+
 def verdicts(data: dict) -> dict[str, dict[str, Any]]:
     """``{key: {value, target, met, meaning[, why]}}`` for every acceptance figure."""
     return {t.key: t.verdict(data) for t in TARGETS}

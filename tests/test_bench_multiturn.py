@@ -180,6 +180,21 @@ def test_a_missed_restore_figure_names_the_bandwidth_it_needed_and_the_one_measu
     )
 
 
+def test_a_missed_no_reuse_figure_lists_each_waves_cost_and_where_it_goes() -> None:
+    pair = {
+        "on": {"wave_seconds": [40.0, 10.5, 20.0, 31.5]},
+        "off": {"wave_seconds": [39.0, 10.0, 20.2, 30.0]},
+    }
+    data = _figures(spec={}, no_reuse=pair, machine={"cpus": 2})
+    data["targets"] = verdicts(data)
+    (line,) = [x for x in findings(data) if "`no_reuse_overhead`" in x]
+    assert line.startswith(
+        "- `no_reuse_overhead` missed: 0.048 against <= 0.02 (the measured waves cost "
+        "+4.8%, -1.0%, +4.8% with tiering on; keying, copying and writing every evicted page "
+        "runs on threads that take this machine's 2 cores"
+    )
+
+
 def test_a_figure_that_was_not_measured_is_missed_with_a_reason() -> None:
     data = _figures(configs={})
     v = verdicts(data)
