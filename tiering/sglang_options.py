@@ -79,8 +79,9 @@ class SGLangBackendOptions:
     #: pages waiting for the NAS beyond which new writes are dropped (and counted); each
     #: queued page holds its bytes (8 MiB for an 8B model at 64 tokens), so this bounds RAM
     write_queue_pages: int = 256
-    #: threads reading and writing NAS files; 0 means one per CPU up to 8 (more threads
-    #: than CPUs only fight over them when the NAS answers from its cache)
+    #: threads reading NAS files; 0 means one per CPU up to 8 (more threads than CPUs
+    #: only fight over them when the NAS answers from its cache). Writes have threads of
+    #: their own (:class:`~tiering.tiers.nas.NasConfig`), so reads never wait behind them
     nas_threads: int = 0
     #: seconds one existence query may take before it answers "not present"
     exists_deadline_s: float = 0.5
