@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     tier_write_queue_pages: int = Field(
         4096, gt=0, description="Evicted pages waiting for the NAS; beyond this they are dropped."
     )
+    tier_write_through: bool = Field(
+        True,
+        description="Send a request's KV pages down the tiers once it ends, so any worker can "
+        "resume the conversation; off: only when the device pool evicts them.",
+    )
     tier_nas_fsync: bool = Field(True, description="fsync each NAS block before its rename.")
     tier_nas_high_bytes: int = Field(
         10 << 30, ge=0, description="tierd demotes NAS pages to S3 above this (0 = no limit)."

@@ -142,4 +142,5 @@ def tiered_offload(
         compute=compute,
         fetch_timeout_s=max(settings.tier_deadline_nas_s, settings.tier_deadline_object_s) + 1.0,
         prefill_stats=prefill_stats,
+        write_through=settings.tier_write_through,
     )

@@ -12,7 +12,7 @@ from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
 from workers.engine import scheduler as scheduler_module
 from workers.engine.kv_pool import KVPool, PoolExhausted, RestoreTarget
-from workers.engine.offload import EvictedPage, Restored
+from workers.engine.offload import OffloadPage, Restored
 from workers.engine.radix import RadixCache
 
 MODEL = tiny_llama(seed=7)
@@ -123,7 +123,7 @@ async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypat
 
 def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
     pool = _pool(8)
-    evicted: list[EvictedPage] = []
+    evicted: list[OffloadPage] = []
     cache = RadixCache(pool, evicted.extend)
     a = list(range(100, 112))  # 3 pages
     b = [*a[:4], *range(200, 208)]  # shares the first page with a
@@ -155,13 +155,51 @@ def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
     assert pool.used_pages == 0 and cache.cached_pages == 0
 
 
+def test_radix_hands_each_page_down_once() -> None:
+    """Write-through: pages go to the tiers when the tree takes them, once; evicting them,
+    or pages the tiers gave back, sends nothing again. Write-back: evicting pages the tiers
+    gave back sends nothing either."""
+    pool = _pool(8)
+    offered: list[OffloadPage] = []
+    cache = RadixCache(pool, offered.extend, write_through=True)
+    a = list(range(100, 112))  # 3 pages
+    b = [*a[:4], *range(200, 208)]  # shares the first page with a
+    pa = pool.alloc(3)
+    pool.write_pages(
+        pa, torch.arange(3.0)[:, None, None, None, None, None].expand(3, 2, 4, 2, 2, 16)
+    )
+    cache.insert("ns", a, pa)
+    assert [p.token_ids for p in offered] == [tuple(a[:4]), tuple(a[:8]), tuple(a)]
+    assert torch.equal(torch.stack([p.kv for p in offered]), pool.read_pages(pa))
+    pb = pool.alloc(3)
+    cache.insert("ns", b, pb)
+    pool.free([pb[0]])
+    assert [p.token_ids for p in offered[3:]] == [tuple(b[:8]), tuple(b)]  # b's own pages
+    restored = pool.alloc(1)
+    cache.insert("ns", [*a, *range(300, 304)], [*pa, *restored], stored=True)
+    assert len(offered) == 5  # pages from the tiers are not sent back
+    assert cache.evict(10) == 6 and len(offered) == 5  # all were handed down already
+
+    back: list[OffloadPage] = []
+    write_back = RadixCache(pool, back.extend)
+    pc = pool.alloc(2)
+    write_back.insert("ns", a[:8], pc[:1], stored=True)
+    write_back.insert("ns", a[:8], pc)
+    assert back == []  # write-back sends nothing when the tree takes pages
+    assert write_back.evict(10) == 2
+    assert [p.token_ids for p in back] == [tuple(a[:8])]  # not the one from the tiers
+
+
 class InMemoryOffload:
     """A dict standing in for the host tier: the real one is tiering's adapter (issue #3)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, write_through: bool = False) -> None:
+        self.write_through = write_through
         self.pages: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+        self.offered = 0
 
-    def on_evict(self, pages: list[EvictedPage]) -> None:
+    def offer(self, pages: list[OffloadPage]) -> None:
+        self.offered += len(pages)
         for page in pages:
             self.pages[(page.namespace, page.token_ids)] = page.kv.clone()
 
@@ -204,10 +242,12 @@ async def test_evicted_pages_come_back_through_the_offload() -> None:
 class BrokenOffload:
     """A lower tier that fails every call, as a crashed NAS mount would."""
 
+    write_through = True
+
     def __init__(self) -> None:
         self.calls = 0
 
-    def on_evict(self, pages: list[EvictedPage]) -> None:
+    def offer(self, pages: list[OffloadPage]) -> None:
         self.calls += 1
         raise OSError("NAS unreachable")
 
@@ -216,6 +256,32 @@ class BrokenOffload:
     ) -> Restored:
         self.calls += 1
         raise OSError("NAS unreachable")
+
+
+async def test_write_through_lets_another_engine_resume_what_this_one_still_holds() -> None:
+    """Two workers on the same lower tiers: the second resumes a conversation from them
+    while the first still has it in L1 (nothing was evicted), and its output is a cold
+    recompute's."""
+    tiers = InMemoryOffload(write_through=True)
+    first_worker = tiny_engine(MODEL, pages=64, offload=tiers)
+    second_worker = tiny_engine(MODEL, pages=64, offload=tiers)
+    cold = tiny_engine(MODEL)
+    try:
+        prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(5)).tolist()
+        first = tokens(await run(first_worker, "a", prompt, greedy(10)))
+        assert first_worker.cache.evicted_pages == 0
+        assert (("", tuple(prompt[:64])) in tiers.pages) and tiers.offered == 4  # 80 tokens
+        resumed = await run(second_worker, "b", prompt, greedy(10))
+        assert resumed[-1].cached_by_tier == {"host": 64}
+        assert tokens(resumed) == first == tokens(await run(cold, "c", prompt, greedy(10)))
+        again = await run(first_worker, "a2", prompt, greedy(10))
+        assert (
+            again[-1].cached_by_tier == {"device": 64} and tiers.offered == 4
+        )  # nothing new to send
+    finally:
+        first_worker.close()
+        second_worker.close()
+        cold.close()
 
 
 async def test_a_failing_offload_costs_recompute_not_requests() -> None:

@@ -1,4 +1,5 @@
-"""``kvgate.tiering_setup.build_store``: which lower tiers a worker's store gets, and the ledger.
+"""``kvgate.tiering_setup``: which lower tiers a worker's store gets, the ledger, and when
+the engine hands its pages down.
 
 The built-in worker takes every configured tier; ``kvgate bench multiturn``'s worker
 names its own set. Stores are built but never started, so only Postgres (for the ledger) is real here.
@@ -14,7 +15,8 @@ from click.testing import CliRunner
 
 from kvgate import bench_mt_worker
 from kvgate.settings import Settings
-from kvgate.tiering_setup import build_store
+from kvgate.tiering_setup import build_store, tiered_offload
+from workers.engine.kv_pool import KVLayout
 
 S3 = "http://127.0.0.1:9"  # never contacted: the object tier is not started
 
@@ -58,3 +60,17 @@ def test_the_bench_worker_refuses_the_object_tier_without_an_endpoint(
     result = CliRunner().invoke(bench_mt_worker.main, ["--tiers", "nas,object", "--port", "1"])
     assert result.exit_code == 2, result.output
     assert "needs an S3 endpoint" in result.output
+
+
+@pytest.mark.parametrize("through", [True, False])
+def test_the_write_policy_comes_from_the_settings(tmp_path: Path, through: bool) -> None:
+    settings = Settings(home=tmp_path, tier_write_through=through)
+    layout = KVLayout("float16", page_size=16, num_layers=2, num_kv_heads=2, head_dim=16)
+    offload = tiered_offload(
+        settings, None, tiers={"host"}, model_fingerprint="m", layout=layout,
+        compute="float32@cpu",
+    )  # fmt: skip
+    try:
+        assert offload.write_through is through
+    finally:
+        offload.close()

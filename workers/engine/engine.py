@@ -147,7 +147,9 @@ class TorchEngine:
             device=device,
         )
         self.offload = offload or NoOffload()
-        self.cache = RadixCache(self.pool, self.offload.on_evict)
+        self.cache = RadixCache(
+            self.pool, self.offload.offer, write_through=self.offload.write_through
+        )
         self.scheduler = Scheduler(
             self.model,
             self.pool,

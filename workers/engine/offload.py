@@ -2,8 +2,12 @@
 
 The engine calls an :class:`KVOffload` at two points and knows nothing else about tiers:
 
-- when the radix cache evicts pages, it hands them over (token chain + KV) in one batch
-  through :meth:`KVOffload.on_evict`;
+- it hands full pages over (token chain + KV) in one batch through
+  :meth:`KVOffload.offer`: as soon as the radix cache takes them when the offload
+  asks for write-through (:attr:`KVOffload.write_through`), so that another worker
+  sharing the lower tiers can resume the conversation while this one still holds it;
+  otherwise when the radix cache evicts them. A page is handed over once: pages the
+  tiers gave back, or already handed over, leave the device without a second copy;
 - when a request is admitted, after the longest device match, it hands
   :meth:`KVOffload.load_prefix` the fresh pool pages that follow (as a
   :class:`~workers.engine.kv_pool.RestoreTarget`); whatever consecutive run of them is
@@ -26,8 +30,8 @@ from workers.engine.kv_pool import RestoreTarget
 
 
 @dataclass(frozen=True)
-class EvictedPage:
-    """One page leaving the device pool."""
+class OffloadPage:
+    """One full page handed to the lower tiers."""
 
     namespace: str
     #: every token from the start of the sequence up to and including this page's tokens
@@ -51,8 +55,12 @@ class Restored:
 class KVOffload(Protocol):
     """What the engine needs from the tier ladder."""
 
-    def on_evict(self, pages: list[EvictedPage]) -> None:
-        """Take evicted pages. Called on the scheduler thread: queue the work, never block."""
+    #: take pages when the radix cache does (True), or only when it evicts them
+    write_through: bool
+
+    def offer(self, pages: list[OffloadPage]) -> None:
+        """Take pages for the lower tiers. Called on the scheduler thread: queue the work,
+        never block."""
         ...
 
     def load_prefix(
@@ -71,7 +79,9 @@ class KVOffload(Protocol):
 class NoOffload:
     """No lower tiers: evicted pages are dropped and nothing is ever loaded."""
 
-    def on_evict(self, pages: list[EvictedPage]) -> None:
+    write_through = False
+
+    def offer(self, pages: list[OffloadPage]) -> None:
         return None
 
     def load_prefix(

@@ -3,9 +3,11 @@
 Each edge is one full page of ``page_size`` token ids and each node owns the pool page that
 holds those tokens' KV, so a path from a namespace root spells a cached prefix. Pages
 in use by a running request are pinned by reference counts along their path; only
-unreferenced leaves are evicted, least recently used first, and handed to an eviction hook
-(tiering) together with their full token chain and their KV. Two namespaces never share a
-node, so one tenant's prompt can neither hit nor time another's.
+unreferenced leaves are evicted, least recently used first. Each page goes to the lower
+tiers (an ``offer`` hook, tiering) once, with its full token chain and its KV: when the
+tree takes it under write-through, else when it is evicted; pages that came from the
+tiers are not sent back. Two namespaces never share a node, so one tenant's prompt can
+neither hit nor time another's.
 """
 
 from __future__ import annotations
@@ -17,16 +19,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from workers.engine.kv_pool import KVPool
-from workers.engine.offload import EvictedPage
+from workers.engine.offload import OffloadPage
 
 log = logging.getLogger(__name__)
 
 
 class _Node:
-    __slots__ = ("children", "key", "last_access", "namespace", "page", "parent", "ref")
+    __slots__ = (
+        "children", "key", "last_access", "namespace", "page", "parent", "ref", "stored"
+    )  # fmt: skip
 
     def __init__(
-        self, namespace: str, parent: _Node | None, key: tuple[int, ...], page: int | None
+        self,
+        namespace: str,
+        parent: _Node | None,
+        key: tuple[int, ...],
+        page: int | None,
+        stored: bool = False,
     ) -> None:
         self.namespace = namespace
         self.parent = parent
@@ -35,6 +44,8 @@ class _Node:
         self.children: dict[tuple[int, ...], _Node] = {}
         self.ref = 0
         self.last_access = 0
+        #: the lower tiers have (or were handed) this page's KV
+        self.stored = stored
 
     def path(self) -> Iterator[_Node]:
         """This node and its ancestors up to (not including) the namespace root."""
@@ -60,11 +71,18 @@ class RadixCache:
     """Page-granular prefix tree owning the pool pages it caches."""
 
     def __init__(
-        self, pool: KVPool, on_evict: Callable[[list[EvictedPage]], None] | None = None
+        self,
+        pool: KVPool,
+        offer: Callable[[list[OffloadPage]], None] | None = None,
+        *,
+        write_through: bool = False,
     ) -> None:
+        """``offer`` takes pages for the lower tiers: every page the tree takes with
+        ``write_through``, else every page it evicts (never one twice)."""
         self.pool = pool
         self.page_size = pool.page_size
-        self.on_evict = on_evict
+        self.offer = offer
+        self.write_through = write_through
         self._roots: dict[str, _Node] = {}
         # page nodes without children: eviction candidates (when unpinned), kept up to date
         # so that eviction looks at one node per cached sequence, not at every page
@@ -117,29 +135,44 @@ class RadixCache:
         return PrefixMatch(node, pages)
 
     def insert(
-        self, namespace: str, token_ids: Sequence[int], pages: Sequence[int]
+        self,
+        namespace: str,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        *,
+        stored: bool = False,
     ) -> tuple[PrefixHandle, list[int]]:
         """Cache ``pages`` as the KV of the full pages of ``token_ids``.
 
         Where the tree already holds a page for a position, it keeps its own; the returned
         list says which page the tree holds at each position, so the caller frees the pages
-        of its own that were not adopted. Returns the deepest node too.
+        of its own that were not adopted. Returns the deepest node too. ``stored`` says the
+        lower tiers already have the pages (they were just restored from there); otherwise,
+        under write-through, the pages the tree adopts go to ``offer`` now.
         """
         if len(token_ids) < len(pages) * self.page_size:
             raise ValueError(f"{len(pages)} pages need {len(pages) * self.page_size} tokens")
         node = self._root(namespace)
         held: list[int] = []
+        adopted: list[tuple[_Node, int]] = []  # new nodes and their page's position
         now = next(self._clock)
-        for key, page in zip(self._keys(token_ids, len(pages)), pages, strict=True):
+        keys = self._keys(token_ids, len(pages))
+        for i, (key, page) in enumerate(zip(keys, pages, strict=True)):
             child = node.children.get(key)
             if child is None:
-                child = node.children[key] = _Node(namespace, node, key, page)
+                child = node.children[key] = _Node(namespace, node, key, page, stored)
                 self._pages += 1
                 self._leaves.discard(node)
                 self._leaves.add(child)
+                adopted.append((child, i))
             child.last_access = now
             held.append(child.page)  # type: ignore[arg-type]
             node = child
+        if self.write_through and self.offer is not None and not stored and adopted:
+            ps = self.page_size
+            self._hand_over(
+                [n for n, _ in adopted], [tuple(token_ids[: (i + 1) * ps]) for _, i in adopted]
+            )
         return node, held
 
     # --- pinning --------------------------------------------------------------------------------
@@ -174,11 +207,13 @@ class RadixCache:
         heap = self._evictable_leaves()
         heapq.heapify(heap)
         victims: list[_Node] = []
+        outgoing: list[_Node] = []  # victims the lower tiers do not have
         chains: list[tuple[int, ...]] = []
-        want_chains = offload and self.on_evict is not None
+        want_chains = offload and self.offer is not None
         while heap and len(victims) < n_pages:
             _, _, node = heapq.heappop(heap)
-            if want_chains:
+            if want_chains and not node.stored:
+                outgoing.append(node)
                 chains.append(self._chain(node))
             parent = node.parent
             assert parent is not None
@@ -194,24 +229,32 @@ class RadixCache:
                     heapq.heappush(heap, (parent.last_access, id(parent), parent))
         if not victims:
             return 0
+        if outgoing:
+            self._hand_over(outgoing, chains)
         pages = [v.page for v in victims]
-        if want_chains:
-            kv = self.pool.read_pages(pages)  # type: ignore[arg-type]
-            assert self.on_evict is not None
-            evicted = [
-                EvictedPage(v.namespace, chain, kv[i])
-                for i, (v, chain) in enumerate(zip(victims, chains, strict=True))
-            ]
-            try:
-                self.on_evict(evicted)
-            except Exception:
-                # A failing lower tier costs a future recompute, never the running requests.
-                log.exception("eviction hook failed; %d pages dropped", len(evicted))
         self.pool.free(pages)  # type: ignore[arg-type]
         self._pages -= len(victims)
         if offload:
             self.evicted_pages += len(victims)
         return len(victims)
+
+    def _hand_over(self, nodes: list[_Node], chains: list[tuple[int, ...]]) -> None:
+        """Give ``nodes``' pages (whose token chains are ``chains``) to ``offer`` in one
+        batch and mark them stored."""
+        assert self.offer is not None
+        kv = self.pool.read_pages([n.page for n in nodes])  # type: ignore[misc]
+        out = [
+            OffloadPage(n.namespace, chain, kv[i])
+            for i, (n, chain) in enumerate(zip(nodes, chains, strict=True))
+        ]
+        try:
+            self.offer(out)
+        except Exception:
+            # A failing lower tier costs a future recompute, never the running requests.
+            log.exception("the lower tiers did not take %d pages", len(out))
+            return
+        for n in nodes:
+            n.stored = True
 
     def flush(self) -> int:
         """Drop every unreferenced page without offloading it; returns how many."""

@@ -277,7 +277,10 @@ class Scheduler:
         if n == 0:
             return []
         node, held = self.cache.insert(
-            req.namespace, req.tokens[: (start + n) * self.page_size], req.pages[: start + n]
+            req.namespace,
+            req.tokens[: (start + n) * self.page_size],
+            req.pages[: start + n],
+            stored=True,  # they came from the tiers: never sent back down
         )
         assert held == req.pages[: start + n], "pages past the device match were cached"
         self.cache.lock(node)

@@ -2,7 +2,8 @@
 
 The engine calls this object on its scheduler thread; the tiered store lives on an event
 loop of its own, on a thread of its own (its asyncpg pool and S3 client belong to that
-loop). Evictions are keyed, copied to host bytes and handed over without waiting. An
+loop). Offered pages (with write-through, as soon as the engine caches them; otherwise when
+it evicts them) are keyed, copied to host bytes and handed over without waiting. An
 admission lookup blocks the scheduler for at most ``fetch_timeout_s``; after that the
 fetch is abandoned and the engine simply recomputes. Nothing raised below the engine ever
 reaches it: a failure is a miss.
@@ -24,7 +25,7 @@ from tiering.keys import Namespace, page_keys
 from tiering.landing import Landing
 from tiering.store import TieredStore
 from workers.engine.kv_pool import KVLayout, RestoreTarget
-from workers.engine.offload import EvictedPage, Restored
+from workers.engine.offload import OffloadPage, Restored
 
 #: how long an abandoned restore's reads in flight are waited for before their pages are
 #: held back (a healthy NAS finishes a page read in well under this)
@@ -49,6 +50,7 @@ class TieredOffload:
         compute: str,
         fetch_timeout_s: float = 5.0,
         prefill_stats: Callable[[], tuple[int, float]] | None = None,
+        write_through: bool = True,
     ) -> None:
         """``build_store`` runs on the store's own loop (so its pools belong there).
 
@@ -56,7 +58,9 @@ class TieredOffload:
         device type (:func:`compute_tag`); like ``model_fingerprint`` and ``layout`` it
         scopes every key, so engines that would recompute other bytes never share pages.
         ``prefill_stats`` returns the engine's cumulative ``(prefill tokens, seconds)``;
-        the cost model learns the recompute rate from it.
+        the cost model learns the recompute rate from it. ``write_through`` asks the engine
+        for pages as soon as it caches them, so that every worker on these tiers can resume
+        a conversation at once, not only after this one evicted it.
         """
         if layout.dtype not in _TORCH_DTYPES:
             raise ValueError(f"cannot offload KV of dtype {layout.dtype!r}")
@@ -66,6 +70,7 @@ class TieredOffload:
         self.model_fingerprint = model_fingerprint
         self.compute = compute
         self.fetch_timeout_s = fetch_timeout_s
+        self.write_through = write_through
         self._prefill_stats = prefill_stats
         self._prefill_seen = (0, 0.0)
         self._namespaces: dict[str, Namespace] = {}
@@ -104,21 +109,21 @@ class TieredOffload:
         return ns
 
     # --- KVOffload ------------------------------------------------------------------------
-    def on_evict(self, pages: list[EvictedPage]) -> None:
+    def offer(self, pages: list[OffloadPage]) -> None:
         """Key the pages, copy their KV to host bytes and queue them; never blocks."""
         try:
             blocks = self._blocks(pages)
         except Exception as exc:  # a bug here must cost cache hits, not the engine
-            self.store.failures.record("offload", "evict", exc)
+            self.store.failures.record("offload", "offer", exc)
             return
         self._loop.call_soon_threadsafe(self.store.offer, blocks)
 
-    def _blocks(self, pages: list[EvictedPage]) -> list[Block]:
+    def _blocks(self, pages: list[OffloadPage]) -> list[Block]:
         ps = self.layout.page_size
         kv = torch.stack([p.kv for p in pages]).to("cpu").contiguous()
         if kv.dtype != _TORCH_DTYPES[self.layout.dtype] or kv.shape[1:] != self.layout.page_shape:
             raise ValueError(
-                f"evicted KV is {kv.dtype} {tuple(kv.shape[1:])}, the tiers hold "
+                f"offered KV is {kv.dtype} {tuple(kv.shape[1:])}, the tiers hold "
                 f"{self.layout.dtype} {self.layout.page_shape}"
             )
         raw = kv.view(len(pages), -1).view(torch.uint8).numpy()
