@@ -202,7 +202,8 @@ class Compare:
         With less, a wave's requests preempt one another, and a preempted request's pages
         come back from host RAM when tiering is on but are recomputed when it is off: the
         pair would measure that help, not the price of tiering when it cannot help. Older
-        waves' pages are still evicted (and, with tiering, written down) to make room.
+        waves' pages are still evicted to make room (with tiering, each request's pages
+        went down when it ended).
         """
         waves = noreuse.waves(self.no_reuse, self.spec.clients)
         return max(sum(c.tokens(1) + NO_REUSE_SLACK_TOKENS for c in wave) for wave in waves)

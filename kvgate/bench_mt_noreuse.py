@@ -1,8 +1,8 @@
 """The no-reuse pair: what tiering costs when it cannot help, measured interleaved.
 
 Every request is the first turn of a fresh conversation, so no tier ever serves a page and
-tiering is pure cost: keying and copying evicted pages, host RAM, the NAS write-behind and
-its ledger rows. Two fresh workers run side by side, ``off`` (no lower tiers) and ``on``
+tiering is pure cost: keying and copying every request's pages, host RAM, the NAS
+write-behind and its ledger rows. Two fresh workers run side by side, ``off`` (no lower tiers) and ``on``
 (every tier and the ledger; no tierd). The requests are played in waves of one request per
 client, each wave on one worker while the other idles, in the order off·on, on·off, off·on,
 …, so that whatever drifts on a shared machine (load, page cache, clocks) weighs on both

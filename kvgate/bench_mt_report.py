@@ -113,8 +113,8 @@ def no_reuse_shortfall(data: dict) -> str:
     where = f"this machine's {cpus} cores" if cpus else "the machine's cores"
     return (
         f"the measured waves cost {waves} with tiering on; keying, copying and writing every "
-        f"evicted page runs on threads that take {where} from the engine's OpenMP team, which "
-        "waits for a preempted thread at each of a step's parallel regions"
+        f"request's pages runs on threads that take {where} from the engine's OpenMP team, "
+        "which waits for a preempted thread at each of a step's parallel regions"
     )
 
 

@@ -190,8 +190,8 @@ def test_a_missed_no_reuse_figure_lists_each_waves_cost_and_where_it_goes() -> N
     (line,) = [x for x in findings(data) if "`no_reuse_overhead`" in x]
     assert line.startswith(
         "- `no_reuse_overhead` missed: 0.048 against <= 0.02 (the measured waves cost "
-        "+4.8%, -1.0%, +4.8% with tiering on; keying, copying and writing every evicted page "
-        "runs on threads that take this machine's 2 cores"
+        "+4.8%, -1.0%, +4.8% with tiering on; keying, copying and writing every request's "
+        "pages runs on threads that take this machine's 2 cores"
     )
 
 
