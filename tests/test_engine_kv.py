@@ -197,11 +197,15 @@ class InMemoryOffload:
         self.write_through = write_through
         self.pages: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
         self.offered = 0
+        self.touched: list[tuple[str, tuple[int, ...]]] = []
 
     def offer(self, pages: list[OffloadPage]) -> None:
         self.offered += len(pages)
         for page in pages:
             self.pages[(page.namespace, page.token_ids)] = page.kv.clone()
+
+    def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
+        self.touched.append((namespace, tuple(token_ids[: n_pages * 16])))
 
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
@@ -251,6 +255,10 @@ class BrokenOffload:
         self.calls += 1
         raise OSError("NAS unreachable")
 
+    def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
+        self.calls += 1
+        raise OSError("NAS unreachable")
+
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
     ) -> Restored:
@@ -274,10 +282,11 @@ async def test_write_through_lets_another_engine_resume_what_this_one_still_hold
         resumed = await run(second_worker, "b", prompt, greedy(10))
         assert resumed[-1].cached_by_tier == {"host": 64}
         assert tokens(resumed) == first == tokens(await run(cold, "c", prompt, greedy(10)))
+        assert tiers.touched == []  # neither L1 held the conversation yet
         again = await run(first_worker, "a2", prompt, greedy(10))
-        assert (
-            again[-1].cached_by_tier == {"device": 64} and tiers.offered == 4
-        )  # nothing new to send
+        assert again[-1].cached_by_tier == {"device": 64}
+        assert tiers.offered == 4  # nothing new to send
+        assert tiers.touched == [("", tuple(prompt[:64]))]  # served from L1: still in use
     finally:
         first_worker.close()
         second_worker.close()

@@ -237,6 +237,17 @@ async def test_another_worker_resumes_from_the_nas_while_the_first_still_holds_i
         resumed = await run(second, "b", prompt, greedy(8))
         assert resumed[-1].cached_by_tier == {"nas": 64}
         assert tokens(resumed) == expected
+        # served from the first worker's L1 again: the ledger sees the pages in use, so
+        # tierd's least-recently-used choices do not take them for idle
+        first_key = offloads[0].namespace("").page_keys(prompt)[0]
+        pool = await create_pool(pg_dsn, database=fresh_db, min_size=1, max_size=1)
+        sql = "SELECT last_access FROM kv_ledger WHERE key = $1"
+        before = await pool.fetchval(sql, first_key)
+        again = await run(first, "c", prompt, greedy(8))
+        assert again[-1].cached_by_tier == {"device": 64}
+        offloads[0]._call(offloads[0].store.ledger.flush_touches(), 10)  # or the 1 s loop did
+        assert await pool.fetchval(sql, first_key) > before
+        await pool.close()
     finally:
         for engine in (first, second, cold):
             engine.close()

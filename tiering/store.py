@@ -83,7 +83,6 @@ class TieredStore:
         """``resources`` (pools, clients the tiers use) are closed by :meth:`close`."""
         self.host = host
         self.tiers: dict[str, Tier] = {"host": host}
-        self._nas = nas
         if nas is not None:
             self.tiers["nas"] = nas
         if obj is not None:
@@ -172,6 +171,12 @@ class TieredStore:
         except Exception as exc:
             self.failures.record("ledger", "touch", exc)
 
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Note a use of ``keys`` served from above the tiers (the engine's L1): their ledger
+        rows' last access moves on the next flush, as a fetch's would."""
+        if self.ledger is not None:
+            self.ledger.touch(keys)
+
     # --- lookup -------------------------------------------------------------------------------
     async def lookup(self, namespace: bytes, keys: Sequence[bytes]) -> list[str]:
         """The tier holding each page of the longest prefix of ``keys`` found anywhere
@@ -244,10 +249,11 @@ class TieredStore:
                 for i, a in zip(idx, answers, strict=True)
                 if a is None or a is Landed.MISSING
             ]
-            if missing and self._nas is not None and tier == "nas" and early is not None:
+            nas = self.tiers.get("nas")
+            if missing and tier == "nas" and early is not None and isinstance(nas, NasTier):
                 # The early read looked before the ledger answered: a page written and
                 # recorded in between (write-behind) was absent then and is not lost.
-                missing = await self._nas.absent(missing)
+                missing = await nas.absent(missing)
             if missing and not abandoned:  # an abandoned landing stops reading: no proof either
                 await self._repair(tier, missing)
         out = self._assemble(namespace, plan, got, landed_early)

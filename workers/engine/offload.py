@@ -8,7 +8,10 @@ The engine calls an :class:`KVOffload` at two points and knows nothing else abou
   sharing the lower tiers can resume the conversation while this one still holds it;
   otherwise when the radix cache evicts them. A page is handed over once: pages the
   tiers gave back, or already handed over, leave the device without a second copy;
-- when a request is admitted, after the longest device match, it hands
+- when a request is admitted, it reports the pages it found in L1
+  (:meth:`KVOffload.touch`): under write-through the tiers hold them too, and their
+  least-recently-used choices must see a conversation served from L1 as alive;
+- after that device match, it hands
   :meth:`KVOffload.load_prefix` the fresh pool pages that follow (as a
   :class:`~workers.engine.kv_pool.RestoreTarget`); whatever consecutive run of them is
   restored goes into the radix cache, and only the rest is prefilled.
@@ -63,6 +66,11 @@ class KVOffload(Protocol):
         never block."""
         ...
 
+    def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
+        """Note that the first ``n_pages`` pages of ``token_ids`` were used from L1. Called
+        on the scheduler thread: never block."""
+        ...
+
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
     ) -> Restored:
@@ -82,6 +90,9 @@ class NoOffload:
     write_through = False
 
     def offer(self, pages: list[OffloadPage]) -> None:
+        return None
+
+    def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
         return None
 
     def load_prefix(

@@ -211,6 +211,8 @@ class Scheduler:
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
+            if match.pages:
+                self._touch(req, len(match.pages))
             tiers = ["device"] * len(match.pages)
             lower = self._load_lower(req, reusable)
             if lower is None:
@@ -228,6 +230,14 @@ class Scheduler:
             self._seq += 1
             req.seq = self._seq
             self.running.append(req)
+
+    def _touch(self, req: _Request, n_pages: int) -> None:
+        """Tell the lower tiers ``req`` used its first ``n_pages`` pages from L1."""
+        try:
+            self.offload.touch(req.namespace, req.tokens, n_pages)
+        except Exception:
+            # A failing lower tier costs the pages' recency there, never the request.
+            log.exception("noting an L1 hit in the lower tiers failed")
 
     def _waited_out_held_back(self, req: _Request) -> bool:
         """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages

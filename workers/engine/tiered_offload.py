@@ -139,6 +139,20 @@ class TieredOffload:
             for i, (p, key) in enumerate(zip(pages, keys, strict=True))
         ]
 
+    def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
+        """Under write-through, note a use of the first ``n_pages`` pages in the ledger, as a
+        restore would: tierd demotes, and deletes for retention and quotas, the least
+        recently used pages first, and a conversation served from L1 is not idle."""
+        if not self.write_through or n_pages <= 0:
+            return
+        ps = self.layout.page_size
+        try:
+            keys = page_keys(self.namespace(namespace).digest, token_ids[: n_pages * ps], ps)
+        except Exception as exc:  # a bug here must cost recency, not the engine
+            self.store.failures.record("offload", "touch", exc)
+            return
+        self._loop.call_soon_threadsafe(self.store.touch, keys)
+
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
     ) -> Restored:
