@@ -3,11 +3,12 @@
 For each history length a fresh site (database, NAS directory, S3 prefix) and three
 workers in turn, each with a device pool that holds one such history and no more:
 
-1. worker A prefills the turn (``recompute``), answers it again from L1 (``resident``),
-   then prefills a second history of the same length, which evicts the first from L1 (its
-   pages went to A's host RAM and, written behind, to the NAS when its turn ended); once
-   the ledger shows those pages on the NAS and A's pool is flushed, the turn is sent
-   again and comes back from A's host RAM (``host``);
+1. worker A, which hands pages down on eviction only (write-through off, so that a flush
+   of L1 leaves nothing anywhere), prefills the turn (``recompute``), answers it again
+   from L1 (``resident``), then prefills a second history of the same length, which
+   evicts the first to A's host RAM and, written behind, to the NAS; once the ledger
+   shows those pages on the NAS and A's pool is flushed, the turn is sent again and
+   comes back from A's host RAM (``host``);
 2. worker B, a fresh process sharing the NAS, answers it from the NAS (``nas``);
 3. one ``tierd --once`` pass with a NAS watermark of one byte demotes every page to the
    object store and deletes it from the NAS; worker C, fresh again, answers from S3
@@ -103,12 +104,22 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
     out: dict[str, Sample] = {}
     logs = log_dir / f"restore-{length}"
     tiers = TIERS if svc.s3 is not None else "host,nas"
-    with stack.worker("restore-a", tiers, site, logs) as url:
+    # A hands pages down on eviction only (write-through off): with write-through, each
+    # "recompute" ask after the first would come back from the host RAM its predecessor
+    # filled, and the flushes between asks would no longer make them cold.
+    write_back = replace(site, env={**site.env, "KVGATE_TIER_WRITE_THROUGH": "false"})
+    with stack.worker("restore-a", tiers, write_back, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
         out["recompute"] = _typical(url, history, flush=True)
+        if out["recompute"].cached_tokens:
+            raise RuntimeError(
+                f"the recompute turn found {out['recompute'].cached_tokens} tokens cached "
+                f"({out['recompute'].cached_by_tier}): it would time a restore, not a prefill"
+            )
         out["resident"] = _typical(url, history, flush=False)
-        # A prompt that needs every page of the pool evicts the whole history from L1 (a
-        # page left there would be served from L1, not from the tier being measured).
+        # A prompt that needs every page of the pool evicts the whole history (a page left
+        # in L1 would be missing from the NAS, and a prefix that misses its first page is
+        # no prefix): L2 now, the NAS once written behind.
         overhead = out["recompute"].prompt_tokens - length  # message, template
         asyncio.run(_ask(url, _messages(pool_tokens - overhead - page // 2, seed + 1)))
         _wait_for_nas(site, out["recompute"].prompt_tokens // page)
