@@ -2,26 +2,56 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 import stripe
-from stripe_stub import RecordingStripe
+from accounts_support import accounts_app
+from stripe_stub import Recorded, RecordingStripe
 
 from gateway import accounts
 from gateway.billing import meters
+from gateway.billing.config import BillingConfig
 from gateway.usage import UsageRecorder, UsageRow
 from gateway.web.routes import WEBHOOK_PATH
 
 WEBHOOK_SECRET = "whsec_test"
 TEAM_PRICE = "price_team_monthly"
+#: Billing that takes webhooks signed with :data:`WEBHOOK_SECRET` and sells the team plan.
+WEBHOOK_BILLING = BillingConfig(webhook_secret=WEBHOOK_SECRET, prices={"team": TEAM_PRICE})
+#: The test account's Stripe meter ids, by the name of our meter.
+METER_IDS = {
+    "input_tokens": "mtr_test_input",
+    "cached_input_tokens": "mtr_test_cached",
+    "output_tokens": "mtr_test_output",
+}
+#: Stripe's path for meter events (what the recording stub files those calls under).
+EVENT_PATH = "/v1/billing/meter_events"
+#: Start of the test teams' paid subscriptions: before any day the billing tests use.
+LONG_AGO = datetime.now(UTC) - timedelta(days=60)
+
+
+def meter_account() -> RecordingStripe:
+    """A fresh recording Stripe account that has our three meters."""
+    return RecordingStripe(meters={METER_IDS[m]: name for m, (name, _) in meters.METERS.items()})
+
+
+def meter_config() -> BillingConfig:
+    """Billing that reports to the meters of :func:`meter_account`."""
+    return BillingConfig(secret_key="sk_test_kvgate", meter_ids=METER_IDS)
+
+
+def for_team(calls: list[Recorded], team_id: int) -> list[Recorded]:
+    """The meter events among ``calls`` that carry ``team_id``'s usage."""
+    return [c for c in calls if c.params["identifier"].startswith(f"kvgate-{team_id}-")]
 
 
 def event(kind: str, obj: dict[str, Any], created: int | None = None) -> dict[str, Any]:
@@ -78,6 +108,18 @@ def signed(body: dict[str, Any], secret: str = WEBHOOK_SECRET) -> tuple[bytes, d
     payload = json.dumps(body)
     header = stripe.WebhookSignature.generate_signature_header(payload, secret)
     return payload.encode(), {"stripe-signature": header, "content-type": "application/json"}
+
+
+@contextlib.asynccontextmanager
+async def webhook_client(
+    pool: asyncpg.Pool, billing: BillingConfig = WEBHOOK_BILLING
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client on the real console app (whose routes include the Stripe webhook) over
+    ``pool``, billing as ``billing`` says."""
+    app, _ = accounts_app(pool, billing=billing)
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+        yield client
 
 
 async def deliver(client: httpx.AsyncClient, *events: dict[str, Any]) -> None:

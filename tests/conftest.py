@@ -13,13 +13,21 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
+import httpx
 import pytest
 
 from kvgate.services.postgres import create_pool, database
 from kvgate.services.seaweed import S3Endpoint, seaweed_s3
 from migrations import runner
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from stripe_stub import RecordingStripe
+
+    from workers.engine.engine import TorchEngine
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +88,40 @@ def smollm2_gguf() -> Path:
     from kvgate.models import ensure_model
 
     return ensure_model(TEST_MODELS_DIR, "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def stripe_account() -> RecordingStripe:
+    """The session's Stripe account: a recording stub with our meters. Reconcile checks
+    every team with a Stripe customer in the shared database, so every test that reports
+    usage from it reports to this one account."""
+    from billing_support import meter_account
+
+    return meter_account()
+
+
+@pytest.fixture(scope="module")
+def worker_engine() -> Iterator[TorchEngine]:
+    """The tiny random Llama engine (4 MiB of KV) behind :func:`worker_client`: one per test
+    module, so that what one module leaves in its cache cannot move another's counts."""
+    from worker_support import tiny_engine
+
+    engine = tiny_engine(kv_pool_bytes=4 * 2**20)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def worker_asgi_app(worker_engine: TorchEngine, smollm2_gguf: Path) -> Starlette:
+    """The real worker app over :func:`worker_engine` (SmolLM2's tokenizer and template)."""
+    from worker_support import worker_app
+
+    return worker_app(worker_engine, smollm2_gguf)
+
+
+@pytest.fixture
+async def worker_client(worker_asgi_app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on :func:`worker_asgi_app`, served in-process."""
+    transport = httpx.ASGITransport(worker_asgi_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://w") as c:
+        yield c

@@ -1,28 +1,31 @@
 """Metered usage to Stripe: hourly intervals cut where billing periods change, stable
 identifiers, retries after a 500, the move from daily reports, and reconcile.
 
-One recording Stripe stands for the Stripe account of this whole module, because
-reconcile checks every team with a Stripe customer in the shared database. The reporter's
-clock is its ``now`` argument: tests that follow a day run it at simulated times, as cron
-would, and judge the result by Stripe's rules (``billing_support.invoiced``).
+The session's recording Stripe (``stripe_account``) stands for the one Stripe account,
+because reconcile checks every team with a Stripe customer in the shared database. The
+reporter's clock is its ``now`` argument: tests that follow a day run it at simulated
+times, as cron would, and judge the result by Stripe's rules (``billing_support.invoiced``).
+The commands that run the reporter are tested in ``test_billing_cli.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
 import asyncpg
-import pytest
 from billing_support import (
+    EVENT_PATH,
+    LONG_AGO,
     TEAM_PRICE,
     daily_report,
+    for_team,
     invoiced,
+    meter_account,
+    meter_config,
     metered,
     paying_team,
     quarter_hours,
@@ -31,41 +34,18 @@ from billing_support import (
     subscription,
     use,
 )
-from click.testing import CliRunner
-from stripe_stub import Recorded, RecordingStripe
+from stripe_stub import RecordingStripe
 
 from gateway.billing import meters, subscriptions
 from gateway.billing.client import stripe_client
 from gateway.billing.config import BillingConfig
 from gateway.billing.reconcile import reconcile
-from kvgate.cmd_billing import billing
 from migrations import runner
 
-METER_IDS = {
-    "input_tokens": "mtr_test_input",
-    "cached_input_tokens": "mtr_test_cached",
-    "output_tokens": "mtr_test_output",
-}
-EVENT_PATH = "/v1/billing/meter_events"
-#: Start of the test teams' paid subscriptions: before any day these tests use.
-_LONG_AGO = datetime.now(UTC) - timedelta(days=60)
 _IN, _CACHED, _OUT = (name for name, _ in meters.METERS.values())
 #: Stripe finalizes an invoice this long after its period ends (the account default).
 _FINALIZE = timedelta(hours=1)
 _INTERVAL_MIGRATION = "0008_meter_reports_by_interval.sql"
-
-
-@pytest.fixture(scope="module")
-def stripe_account() -> RecordingStripe:
-    return _account()
-
-
-def _account() -> RecordingStripe:
-    return RecordingStripe(meters={METER_IDS[m]: name for m, (name, _) in meters.METERS.items()})
-
-
-def _config() -> BillingConfig:
-    return BillingConfig(secret_key="sk_test_kvgate", meter_ids=METER_IDS)
 
 
 def _at(day: date, hour: int, minute: int = 0, second: int = 0, micro: int = 0) -> datetime:
@@ -74,10 +54,6 @@ def _at(day: date, hour: int, minute: int = 0, second: int = 0, micro: int = 0) 
 
 def _days_ago(n: int) -> date:
     return (datetime.now(UTC) - timedelta(days=n)).date()
-
-
-def _for_team(calls: list[Recorded], team_id: int) -> list[Recorded]:
-    return [c for c in calls if c.params["identifier"].startswith(f"kvgate-{team_id}-")]
 
 
 def test_intervals_are_hours_cut_at_period_bounds_and_stamped_inside() -> None:
@@ -113,18 +89,18 @@ def test_intervals_are_hours_cut_at_period_bounds_and_stamped_inside() -> None:
 async def test_reporting_twice_for_the_same_interval_sends_identical_identifiers(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, customer = await paying_team(pg_pool, "team", _LONG_AGO)
+    team_id, _, customer = await paying_team(pg_pool, "team", LONG_AGO)
     now = datetime.now(UTC)
     hour = meters.hour_of(now) - timedelta(hours=5)
     await use(pg_pool, team_id, hour + timedelta(minutes=10), prompt=100, cached=40, out=7)
     await use(pg_pool, team_id, hour + timedelta(minutes=50), prompt=20, cached=0, out=3)
     await use(pg_pool, team_id, now - timedelta(minutes=1), 5, 0, 5)  # its hour is still open
-    client = stripe_client(_config(), stripe_account)
+    client = stripe_client(meter_config(), stripe_account)
     stripe_account.fail_next[EVENT_PATH] = 1  # Stripe answers 500 to the first try
 
     first = await meters.report(pg_pool, client, now)
     assert first.failed == {}
-    sent = _for_team(stripe_account.calls(EVENT_PATH), team_id)
+    sent = for_team(stripe_account.calls(EVENT_PATH), team_id)
     # 3 meters, the first try failed and stripe-python retried it with the same request.
     assert [c.status for c in sent] == [500, 200, 200, 200]
     assert sent[0].params == sent[1].params
@@ -147,7 +123,7 @@ async def test_reporting_twice_for_the_same_interval_sends_identical_identifiers
     await pg_pool.execute("UPDATE meter_reports SET sent_at = NULL WHERE team_id = $1", team_id)
     second = await meters.report(pg_pool, client, now)
     assert second.failed == {}
-    again = _for_team(stripe_account.calls(EVENT_PATH), team_id)[len(sent) :]
+    again = for_team(stripe_account.calls(EVENT_PATH), team_id)[len(sent) :]
     # ...as identical requests under identical idempotency keys, so Stripe counts it once.
     assert sorted(c.params["identifier"] for c in again) == sorted(values)
     assert {c.headers["Idempotency-Key"] for c in again} == set(values)
@@ -157,19 +133,19 @@ async def test_reporting_twice_for_the_same_interval_sends_identical_identifiers
 
     # A third run finds everything acknowledged and sends nothing.
     third = await meters.report(pg_pool, client, now)
-    assert not _for_team(stripe_account.calls(EVENT_PATH), team_id)[len(sent) + len(again) :]
+    assert not for_team(stripe_account.calls(EVENT_PATH), team_id)[len(sent) + len(again) :]
     assert third.already >= 3
 
 
 async def test_reconcile_finds_an_hour_stripe_does_not_have(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, _ = await paying_team(pg_pool, "team", _LONG_AGO)
+    team_id, _, _ = await paying_team(pg_pool, "team", LONG_AGO)
     now = datetime.now(UTC)
-    client = stripe_client(_config(), stripe_account)
+    client = stripe_client(meter_config(), stripe_account)
     hour = meters.hour_of(now) - timedelta(hours=30)
     await use(pg_pool, team_id, hour + timedelta(minutes=20), prompt=9, cached=4, out=2)
-    before = await reconcile(pg_pool, client, _config(), now)
+    before = await reconcile(pg_pool, client, meter_config(), now)
     mine = [d for d in before.differences if d.team_id == team_id]
     assert {(d.meter, d.start, d.end, d.local, d.stripe) for d in mine} == {
         ("input_tokens", hour, hour + meters.HOUR, 5, 0),
@@ -177,16 +153,16 @@ async def test_reconcile_finds_an_hour_stripe_does_not_have(
         ("output_tokens", hour, hour + meters.HOUR, 2, 0),
     }
     await meters.report(pg_pool, client, now)
-    after = await reconcile(pg_pool, client, _config(), now)
+    after = await reconcile(pg_pool, client, meter_config(), now)
     assert [d for d in after.differences if d.team_id == team_id] == []
 
 
 async def test_reconcile_catches_usage_stamped_in_another_hour(pg_pool: asyncpg.Pool) -> None:
-    account = _account()  # holds only what this test sends it
-    team_id, _, customer = await paying_team(pg_pool, "team", _LONG_AGO)
+    account = meter_account()  # holds only what this test sends it
+    team_id, _, customer = await paying_team(pg_pool, "team", LONG_AGO)
     day = _days_ago(3)
     await use(pg_pool, team_id, _at(day, 15, 30), prompt=100, cached=0, out=0)
-    client = stripe_client(_config(), account)
+    client = stripe_client(meter_config(), account)
     # The daily reporter's event: the day's total, stamped at noon. The day's totals agree,
     # but Stripe bills those tokens as used at noon (before a 15:00 subscription, or on the
     # invoice a 14:37 renewal closed).
@@ -198,7 +174,7 @@ async def test_reconcile_catches_usage_stamped_in_another_hour(pg_pool: asyncpg.
             "payload": {"stripe_customer_id": customer, "value": "100"},
         }
     )
-    outcome = await reconcile(pg_pool, client, _config(), datetime.now(UTC))
+    outcome = await reconcile(pg_pool, client, meter_config(), datetime.now(UTC))
     mine = {
         (d.meter, d.start, d.local, d.stripe) for d in outcome.differences if d.team_id == team_id
     }
@@ -228,7 +204,7 @@ async def test_only_paid_usage_is_billed_and_stamped_inside_the_paid_time(
     await use(pg_pool, team_id, _at(third, 10, 30), 5000, 0, 0)  # free: after it ended
     await use(pg_pool, team_id, _at(fourth, 12), 6000, 0, 0)  # free
     result = await meters.report(
-        pg_pool, stripe_client(_config(), stripe_account), datetime.now(UTC)
+        pg_pool, stripe_client(meter_config(), stripe_account), datetime.now(UTC)
     )
     assert result.failed == {}
     assert metered(stripe_account, customer) == {_IN: 900, _CACHED: 100, _OUT: 10}
@@ -243,7 +219,7 @@ async def test_only_paid_usage_is_billed_and_stamped_inside_the_paid_time(
 async def test_usage_before_a_renewal_is_billed_on_the_invoice_the_renewal_closes(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, customer = await paying_team(pg_pool, "team", _LONG_AGO)
+    team_id, _, customer = await paying_team(pg_pool, "team", LONG_AGO)
     day = _days_ago(2)
     renewal = _at(day, 14, 37)
     old, new = (renewal - timedelta(days=30), renewal), (renewal, renewal + timedelta(days=30))
@@ -265,7 +241,7 @@ async def test_usage_before_a_renewal_is_billed_on_the_invoice_the_renewal_close
                 pg_pool, config, team_id, sub, int(now.timestamp())
             )
 
-    client = stripe_client(_config(), stripe_account)
+    client = stripe_client(meter_config(), stripe_account)
     times = quarter_hours(_at(day, 0), _at(day, 0) + timedelta(hours=25))
     accepted = await report_every(pg_pool, client, stripe_account, times, webhooks)
     # The old period's invoice is finalized an hour after the renewal: by then it has all
@@ -292,17 +268,17 @@ async def test_the_hours_before_a_cancellation_reach_its_final_invoice(
     await pg_pool.execute(
         "INSERT INTO billing_periods (team_id, started_at, ended_at) VALUES ($1, $2, $3)",
         team_id,
-        _LONG_AGO,
+        LONG_AGO,
         cancelled,
     )
     await use(pg_pool, team_id, _at(day, 14, 10), 50, 0, 1)
     await use(pg_pool, team_id, _at(day, 14, 30), 60, 0, 1)
     await use(pg_pool, team_id, _at(day, 14, 50), 7000, 0, 70)  # on the free plan
-    client = stripe_client(_config(), stripe_account)
+    client = stripe_client(meter_config(), stripe_account)
     times = quarter_hours(_at(day, 12), _at(day, 12) + timedelta(hours=13))
     accepted = await report_every(pg_pool, client, stripe_account, times)
     # Stripe makes the final invoice at the cancellation and finalizes it within the hour.
-    final = (_LONG_AGO, cancelled)
+    final = (LONG_AGO, cancelled)
     assert invoiced(stripe_account, accepted, customer, _IN, final, cancelled + _FINALIZE) == 110
     assert metered(stripe_account, customer) == {_IN: 110, _OUT: 2}
 
@@ -310,10 +286,10 @@ async def test_the_hours_before_a_cancellation_reach_its_final_invoice(
 async def test_two_reporters_at_once_plan_each_interval_once(
     pg_pool: asyncpg.Pool, stripe_account: RecordingStripe
 ) -> None:
-    team_id, _, customer = await paying_team(pg_pool, "team", _LONG_AGO)
+    team_id, _, customer = await paying_team(pg_pool, "team", LONG_AGO)
     now = datetime.now(UTC)
     await use(pg_pool, team_id, meters.hour_of(now) - timedelta(minutes=150), 70, 0, 7)
-    client = stripe_client(_config(), stripe_account)
+    client = stripe_client(meter_config(), stripe_account)
     results = await asyncio.gather(*(meters.report(pg_pool, client, now) for _ in range(2)))
     assert [r.failed for r in results] == [{}, {}]
     rows = await pg_pool.fetch("SELECT meter FROM meter_reports WHERE team_id = $1", team_id)
@@ -337,7 +313,7 @@ async def test_days_reported_before_the_move_to_hours_are_never_sent_again(
         customer = "cus_test_daily_scheme"
         await pool.execute("INSERT INTO stripe_customers VALUES ($1, $2)", team_id, customer)
         await pool.execute(
-            "INSERT INTO billing_periods (team_id, started_at) VALUES ($1, $2)", team_id, _LONG_AGO
+            "INSERT INTO billing_periods (team_id, started_at) VALUES ($1, $2)", team_id, LONG_AGO
         )
         sent_day, unsent_day, open_day, last_day = (_days_ago(n) for n in (4, 3, 2, 1))
         await use(pool, team_id, _at(sent_day, 10), 100, 10, 1)
@@ -345,8 +321,8 @@ async def test_days_reported_before_the_move_to_hours_are_never_sent_again(
         await use(pool, team_id, _at(open_day, 13), 400, 40, 4)
         await use(pool, team_id, _at(open_day, 13, 40), 800, 80, 8)
         await use(pool, team_id, _at(last_day, 9), 1600, 160, 16)
-        account = _account()
-        client = stripe_client(_config(), account)
+        account = meter_account()
+        client = stripe_client(meter_config(), account)
         # The daily reporter's last run, on open_day: it sent sent_day, and wrote unsent_day
         # but crashed (or Stripe was down) before Stripe acknowledged it.
         await daily_report(pool, client, team_id, customer, sent_day, (90, 10, 1), sent=True)
@@ -375,132 +351,7 @@ async def test_days_reported_before_the_move_to_hours_are_never_sent_again(
         }
         assert metered(account, customer) == {_IN: 2790, _CACHED: 310, _OUT: 31}
         # Reconcile compares the old whole days as days, the rest by the hour: all agree.
-        outcome = await reconcile(pool, client, _config(), now)
+        outcome = await reconcile(pool, client, meter_config(), now)
         assert outcome.differences == []
     finally:
         await pool.close()
-
-
-@pytest.fixture
-def billing_env(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("DATABASE_URL", pg_dsn)
-    monkeypatch.setenv("KVGATE_STRIPE_SECRET_KEY", "sk_test_kvgate")
-    monkeypatch.setenv("KVGATE_STRIPE_METER_IDS", json.dumps(METER_IDS))
-    yield
-
-
-def _closed(days_ago: int) -> datetime:
-    """Half past the hour ``days_ago`` days back: long closed."""
-    return meters.hour_of(datetime.now(UTC) - timedelta(days=days_ago)) + timedelta(minutes=30)
-
-
-def _team_with_usage(pg_dsn: str, days_ago: int, prompt: int, cached: int, out: int) -> int:
-    """A paying team with usage on all three meters ``days_ago`` days back."""
-
-    async def setup() -> int:
-        pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
-        try:
-            team_id, _, _ = await paying_team(pool, "team", _LONG_AGO)
-            await use(pool, team_id, _closed(days_ago), prompt=prompt, cached=cached, out=out)
-            return team_id
-        finally:
-            await pool.close()
-
-    return asyncio.run(setup())
-
-
-def test_kvgate_billing_reconcile_reports_zero_difference_after_retried_run(
-    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
-) -> None:
-    team_id = _team_with_usage(pg_dsn, days_ago=1, prompt=1000, cached=600, out=250)
-    stripe_account.fail_next[EVENT_PATH] = 1
-    runner = CliRunner()
-    obj = {"stripe_http_client": stripe_account}
-    before = len(stripe_account.calls(EVENT_PATH))
-    reported = runner.invoke(billing, ["report"], obj=obj)
-    assert reported.exit_code == 0, reported.output
-    run = stripe_account.calls(EVENT_PATH)[before:]
-    (failed,) = [c for c in run if c.status == 500]
-    assert [c.status for c in run if c.params == failed.params] == [500, 200]
-    assert len(_for_team(run, team_id)) >= 3
-    checked = runner.invoke(billing, ["reconcile"], obj=obj)
-    assert checked.exit_code == 0, checked.output
-    assert ": 0 differences" in checked.output
-
-    # Usage Stripe never heard of shows up as a difference, with a non-zero exit.
-    async def late() -> None:
-        pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
-        try:
-            await use(pool, team_id, _closed(1), prompt=10, cached=0, out=0)
-        finally:
-            await pool.close()
-
-    asyncio.run(late())
-    differs = runner.invoke(billing, ["reconcile"], obj=obj)
-    assert differs.exit_code == 1
-    assert ": 1 differences" in differs.output
-    assert f"{team_id}\t" in differs.output and "input_tokens" in differs.output
-
-
-def test_reconcile_names_the_missing_meter_setting(
-    billing_env: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("KVGATE_STRIPE_METER_IDS")
-    result = CliRunner().invoke(
-        billing, ["reconcile"], obj={"stripe_http_client": RecordingStripe()}
-    )
-    assert result.exit_code == 1 and "KVGATE_STRIPE_METER_IDS" in result.output
-
-
-def test_report_every_keeps_reporting_and_never_sends_an_hour_twice(
-    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
-) -> None:
-    team_id = _team_with_usage(pg_dsn, days_ago=2, prompt=900, cached=300, out=120)
-    before = len(stripe_account.calls(EVENT_PATH))
-    obj = {"stripe_http_client": stripe_account}
-    args = ["report", "--every", "0.0001", "--rounds", "2"]
-    result = CliRunner().invoke(billing, args, obj=obj)
-    assert result.exit_code == 0, result.output
-    assert result.output.startswith("billing: reporting every 0.0001 minutes\n")
-    rounds = [line for line in result.output.splitlines() if line.startswith("sent ")]
-    assert len(rounds) == 2
-    assert "0 failed" in rounds[0] and rounds[1].startswith("sent 0 meter events")
-    mine = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
-    assert sorted(c.params["identifier"].split("-")[2] for c in mine) == [
-        "cached_input_tokens",
-        "input_tokens",
-        "output_tokens",
-    ]
-
-
-def test_report_every_outlives_a_stripe_outage_and_the_next_run_sends_it(
-    pg_dsn: str, stripe_account: RecordingStripe, billing_env: None
-) -> None:
-    team_id = _team_with_usage(pg_dsn, days_ago=2, prompt=900, cached=300, out=120)
-    before = len(stripe_account.calls(EVENT_PATH))
-    obj = {"stripe_http_client": stripe_account}
-    stripe_account.fail_next[EVENT_PATH] = 10_000
-    try:
-        args = ["report", "--every", "0.0001", "--rounds", "2"]
-        down = CliRunner().invoke(billing, args, obj=obj)
-    finally:
-        stripe_account.fail_next[EVENT_PATH] = 0
-    assert down.exit_code == 1
-    assert "the last round left usage unsent" in down.output
-    # both rounds tried every one of the team's meters (each with stripe-python's retries)
-    tried = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
-    assert {c.status for c in tried} == {500}
-    assert len({c.params["identifier"] for c in tried}) == 3
-    assert len(tried) == 2 * 3 * (1 + BillingConfig().max_network_retries)
-    before = len(stripe_account.calls(EVENT_PATH))
-    up = CliRunner().invoke(billing, ["report"], obj=obj)
-    assert up.exit_code == 0, up.output
-    sent = _for_team(stripe_account.calls(EVENT_PATH)[before:], team_id)
-    assert len(sent) == 3 and {c.status for c in sent} == {200}
-
-
-def test_rounds_without_every_is_refused_before_anything_is_sent(billing_env: None) -> None:
-    result = CliRunner().invoke(
-        billing, ["report", "--rounds", "2"], obj={"stripe_http_client": RecordingStripe()}
-    )
-    assert result.exit_code == 2 and "give --every too" in result.output

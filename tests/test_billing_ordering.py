@@ -15,29 +15,21 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx
 import pytest
-from accounts_support import accounts_app
 from billing_support import (
-    TEAM_PRICE,
-    WEBHOOK_SECRET,
     deliver,
     event,
     invoice,
     paying_team,
     subscription,
+    webhook_client,
 )
 
 from gateway.billing import subscriptions
-from gateway.billing.config import BillingConfig
-
-BILLING = BillingConfig(webhook_secret=WEBHOOK_SECRET, prices={"team": TEAM_PRICE})
 
 
 @pytest.fixture
 async def hook(pg_pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
-    app, _ = accounts_app(pg_pool, billing=BILLING)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app), base_url="http://console.test"
-    ) as client:
+    async with webhook_client(pg_pool) as client:
         yield client
 
 

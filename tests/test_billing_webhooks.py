@@ -11,30 +11,25 @@ import asyncpg
 import httpx
 import pytest
 import stripe
-from accounts_support import accounts_app
 from billing_support import (
     TEAM_PRICE,
+    WEBHOOK_BILLING,
     WEBHOOK_SECRET,
     event,
     paying_team,
     signed,
     subscription,
+    webhook_client,
 )
 from gateway_support import deregister, gateway_process, register_workers, stub_upstream, unique
 
 from gateway.billing import subscriptions
-from gateway.billing.config import BillingConfig
 from gateway.web.routes import WEBHOOK_PATH
-
-BILLING = BillingConfig(webhook_secret=WEBHOOK_SECRET, prices={"team": TEAM_PRICE})
 
 
 @pytest.fixture
 async def hook(pg_pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
-    app, _ = accounts_app(pg_pool, billing=BILLING)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app), base_url="http://console.test"
-    ) as client:
+    async with webhook_client(pg_pool) as client:
         yield client
 
 
@@ -186,10 +181,9 @@ async def test_failed_payment_keeps_the_plan_for_the_grace_period_then_free(
 
 
 async def test_webhooks_are_refused_without_a_configured_secret(pg_pool: asyncpg.Pool) -> None:
-    app, _ = accounts_app(pg_pool, billing=replace(BILLING, webhook_secret=""))
     team_id, _, customer = await paying_team(pg_pool)
     body, headers = signed(event("customer.subscription.updated", subscription("sub_n", customer)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+    async with webhook_client(pg_pool, replace(WEBHOOK_BILLING, webhook_secret="")) as c:
         response = await c.post(WEBHOOK_PATH, content=body, headers=headers)
     assert response.status_code == 400 and "KVGATE_STRIPE_WEBHOOK_SECRET" in response.text
     assert await _plan(pg_pool, team_id) == "free"

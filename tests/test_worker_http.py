@@ -5,37 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from worker_support import TINY_CONTEXT, tiny_engine, worker_app
+from worker_support import GREEDY, MODEL, TINY_CONTEXT, complete
 
 from workers.engine.engine import TorchEngine
 from workers.engine.tokenizer import load_tokenizer
-
-MODEL = "tiny-random"
-GREEDY = {"temperature": 0.0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[TorchEngine]:
-    engine = tiny_engine(kv_pool_bytes=4 * 2**20)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def app(engine: TorchEngine, smollm2_gguf: Path) -> Starlette:
-    return worker_app(engine, smollm2_gguf)
-
-
-@pytest.fixture
-async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
-        yield c
 
 
 def sse_payloads(body: str) -> list[str]:
@@ -43,12 +20,8 @@ def sse_payloads(body: str) -> list[str]:
     return [line[len("data: ") :] for line in body.splitlines() if line.startswith("data: ")]
 
 
-async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
-    return await client.post("/v1/completions", json={"model": MODEL, **fields})
-
-
-async def test_completion_reports_text_and_usage(client: httpx.AsyncClient) -> None:
-    resp = await complete(client, prompt="The capital of France is", max_tokens=8, **GREEDY)
+async def test_completion_reports_text_and_usage(worker_client: httpx.AsyncClient) -> None:
+    resp = await complete(worker_client, prompt="The capital of France is", max_tokens=8, **GREEDY)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "text_completion"
@@ -65,20 +38,22 @@ async def test_completion_reports_text_and_usage(client: httpx.AsyncClient) -> N
 
 
 async def test_token_id_prompt_equals_text_prompt(
-    client: httpx.AsyncClient, smollm2_gguf: Path
+    worker_client: httpx.AsyncClient, smollm2_gguf: Path
 ) -> None:
     prompt_ids = load_tokenizer(smollm2_gguf).encode("Once upon a time")
-    text = await complete(client, prompt="Once upon a time", max_tokens=6, **GREEDY)
-    ids = await complete(client, prompt=prompt_ids, max_tokens=6, **GREEDY)
+    text = await complete(worker_client, prompt="Once upon a time", max_tokens=6, **GREEDY)
+    ids = await complete(worker_client, prompt=prompt_ids, max_tokens=6, **GREEDY)
     assert ids.json()["choices"][0]["text"] == text.json()["choices"][0]["text"]
 
 
-async def test_stop_string_cuts_output_before_it(client: httpx.AsyncClient) -> None:
-    full = (await complete(client, prompt="A list:", max_tokens=24, **GREEDY)).json()
+async def test_stop_string_cuts_output_before_it(worker_client: httpx.AsyncClient) -> None:
+    full = (await complete(worker_client, prompt="A list:", max_tokens=24, **GREEDY)).json()
     text = full["choices"][0]["text"]
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), f"greedy output too uniform to pick a stop string: {text!r}"
-    cut = (await complete(client, prompt="A list:", max_tokens=24, stop=[stop], **GREEDY)).json()
+    cut = (
+        await complete(worker_client, prompt="A list:", max_tokens=24, stop=[stop], **GREEDY)
+    ).json()
     choice = cut["choices"][0]
     assert choice["finish_reason"] == "stop"
     assert choice["text"] == text[: text.index(stop)]
@@ -86,11 +61,11 @@ async def test_stop_string_cuts_output_before_it(client: httpx.AsyncClient) -> N
 
 
 async def test_streamed_completion_matches_whole_and_ends_with_done(
-    client: httpx.AsyncClient,
+    worker_client: httpx.AsyncClient,
 ) -> None:
-    whole = (await complete(client, prompt="Hello", max_tokens=10, **GREEDY)).json()
+    whole = (await complete(worker_client, prompt="Hello", max_tokens=10, **GREEDY)).json()
     resp = await complete(
-        client,
+        worker_client,
         prompt="Hello",
         max_tokens=10,
         stream=True,
@@ -111,13 +86,13 @@ async def test_streamed_completion_matches_whole_and_ends_with_done(
 
 
 async def test_a_stream_can_carry_the_usage_so_far_on_every_chunk(
-    client: httpx.AsyncClient,
+    worker_client: httpx.AsyncClient,
 ) -> None:
     """``continuous_usage_stats`` (as in SGLang and vLLM): what a gateway meters a stream
     cut short by, since the usage chunk at the end never comes then."""
     options = {"include_usage": True, "continuous_usage_stats": True}
     resp = await complete(
-        client, prompt="Hello", max_tokens=6, stream=True, stream_options=options, **GREEDY
+        worker_client, prompt="Hello", max_tokens=6, stream=True, stream_options=options, **GREEDY
     )
     chunks = [json.loads(p) for p in sse_payloads(resp.text)[:-1]]
     counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
@@ -125,16 +100,16 @@ async def test_a_stream_can_carry_the_usage_so_far_on_every_chunk(
     assert all(c["usage"]["prompt_tokens"] == chunks[-1]["usage"]["prompt_tokens"] for c in chunks)
 
 
-async def test_native_generate_reports_meta_info(client: httpx.AsyncClient) -> None:
+async def test_native_generate_reports_meta_info(worker_client: httpx.AsyncClient) -> None:
     req = {"text": "Hello", "sampling_params": {"max_new_tokens": 5, **GREEDY}}
-    body = (await client.post("/generate", json=req)).json()
+    body = (await worker_client.post("/generate", json=req)).json()
     meta = body["meta_info"]
     assert meta["completion_tokens"] == 5 and len(body["output_ids"]) == 5
     assert meta["finish_reason"] == {"type": "length"}
     assert meta["prompt_tokens"] > 0
     assert set(meta["cached_tokens_by_tier"]) == {"device", "host", "nas", "object"}
 
-    resp = await client.post("/generate", json={**req, "stream": True})
+    resp = await worker_client.post("/generate", json={**req, "stream": True})
     payloads = sse_payloads(resp.text)
     assert payloads[-1] == "[DONE]"
     last = json.loads(payloads[-2])
@@ -142,16 +117,18 @@ async def test_native_generate_reports_meta_info(client: httpx.AsyncClient) -> N
     assert last["meta_info"]["finish_reason"] == {"type": "length"}
 
 
-async def test_second_identical_request_is_served_from_cache(client: httpx.AsyncClient) -> None:
+async def test_second_identical_request_is_served_from_cache(
+    worker_client: httpx.AsyncClient,
+) -> None:
     prompt = "Paging test. " * 12  # several pages
-    first = (await complete(client, prompt=prompt, max_tokens=4, **GREEDY)).json()
-    second = (await complete(client, prompt=prompt, max_tokens=4, **GREEDY)).json()
+    first = (await complete(worker_client, prompt=prompt, max_tokens=4, **GREEDY)).json()
+    second = (await complete(worker_client, prompt=prompt, max_tokens=4, **GREEDY)).json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
 
 
-async def test_request_id_header_is_echoed(client: httpx.AsyncClient) -> None:
-    resp = await client.post(
+async def test_request_id_header_is_echoed(worker_client: httpx.AsyncClient) -> None:
+    resp = await worker_client.post(
         "/v1/completions",
         json={"model": MODEL, "prompt": "x", "max_tokens": 1},
         headers={"x-request-id": "req-123"},
@@ -196,32 +173,32 @@ async def test_request_id_header_is_echoed(client: httpx.AsyncClient) -> None:
     ],
 )
 async def test_bad_requests_get_openai_errors(
-    client: httpx.AsyncClient, path: str, body: object, status: int, words: str
+    worker_client: httpx.AsyncClient, path: str, body: object, status: int, words: str
 ) -> None:
     if isinstance(body, bytes):
-        resp = await client.post(path, content=body)
+        resp = await worker_client.post(path, content=body)
     else:
-        resp = await client.post(path, json=body)
+        resp = await worker_client.post(path, json=body)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert words in error["message"]
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
 
 
-async def test_models_health_info_and_loads(client: httpx.AsyncClient) -> None:
-    models = (await client.get("/v1/models")).json()
+async def test_models_health_info_and_loads(worker_client: httpx.AsyncClient) -> None:
+    models = (await worker_client.get("/v1/models")).json()
     assert [m["id"] for m in models["data"]] == [MODEL]
-    assert (await client.get("/health")).status_code == 200
-    assert (await client.get("/health_generate")).status_code == 200
-    info = (await client.get("/server_info")).json()
+    assert (await worker_client.get("/health")).status_code == 200
+    assert (await worker_client.get("/health_generate")).status_code == 200
+    info = (await worker_client.get("/server_info")).json()
     assert info["model_id"] == MODEL and info["context_length"] == TINY_CONTEXT
-    loads = (await client.get("/v1/loads")).json()["loads"][0]
+    loads = (await worker_client.get("/v1/loads")).json()["loads"][0]
     assert loads["num_running_reqs"] == 0 and loads["num_total_pages"] > 0
 
 
-async def test_metrics_count_tokens_and_read_the_engine(client: httpx.AsyncClient) -> None:
-    await complete(client, prompt="metrics", max_tokens=3, **GREEDY)
-    text = (await client.get("/metrics")).text
+async def test_metrics_count_tokens_and_read_the_engine(worker_client: httpx.AsyncClient) -> None:
+    await complete(worker_client, prompt="metrics", max_tokens=3, **GREEDY)
+    text = (await worker_client.get("/metrics")).text
     for name in (
         "kvgate_worker_queue_length",
         "kvgate_worker_running_requests",
@@ -244,39 +221,39 @@ def _counter(metrics: httpx.Response, name: str) -> float:
 
 
 async def test_flush_cache_and_abort_unknown(
-    client: httpx.AsyncClient, engine: TorchEngine
+    worker_client: httpx.AsyncClient, worker_engine: TorchEngine
 ) -> None:
-    await complete(client, prompt="to be flushed " * 8, max_tokens=2, **GREEDY)
-    assert engine.load().cached_pages > 0
-    before = _counter(await client.get("/metrics"), "kvgate_worker_evicted_pages_total")
-    resp = await client.post("/flush_cache")
+    await complete(worker_client, prompt="to be flushed " * 8, max_tokens=2, **GREEDY)
+    assert worker_engine.load().cached_pages > 0
+    before = _counter(await worker_client.get("/metrics"), "kvgate_worker_evicted_pages_total")
+    resp = await worker_client.post("/flush_cache")
     assert resp.status_code == 200
-    assert engine.load().cached_pages == 0
-    metrics = await client.get("/metrics")
+    assert worker_engine.load().cached_pages == 0
+    metrics = await worker_client.get("/metrics")
     # a flush drops pages on request; only evictions that make room count
     assert _counter(metrics, "kvgate_worker_evicted_pages_total") == before
-    assert before == engine.stats().evicted_pages
-    assert _counter(metrics, "kvgate_worker_preemptions_total") == engine.stats().preemptions
-    resp = await client.post("/abort_request", json={"rid": "no-such-request"})
+    assert before == worker_engine.stats().evicted_pages
+    assert _counter(metrics, "kvgate_worker_preemptions_total") == worker_engine.stats().preemptions
+    resp = await worker_client.post("/abort_request", json={"rid": "no-such-request"})
     assert resp.json() == {"rid": "no-such-request", "aborted": False}
 
 
 async def test_a_flush_waiting_for_a_step_does_not_stall_the_worker(
-    client: httpx.AsyncClient, engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+    worker_client: httpx.AsyncClient, worker_engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a step runs (here: its lock held by another thread), a flush waits for it off
     the event loop: the worker keeps answering meanwhile."""
     holding, done, flushing = threading.Event(), threading.Event(), threading.Event()
-    flush_cache = engine.flush_cache
+    flush_cache = worker_engine.flush_cache
 
     def flush_noting_it() -> bool:
         flushing.set()
         return flush_cache()
 
-    monkeypatch.setattr(engine, "flush_cache", flush_noting_it)
+    monkeypatch.setattr(worker_engine, "flush_cache", flush_noting_it)
 
     def step() -> None:
-        with engine._step_lock:
+        with worker_engine._step_lock:
             holding.set()
             done.wait(10)  # the flush is answered after this either way
 
@@ -284,9 +261,9 @@ async def test_a_flush_waiting_for_a_step_does_not_stall_the_worker(
     holder.start()
     try:
         await asyncio.to_thread(holding.wait, 10)
-        flush = asyncio.create_task(client.post("/flush_cache"))
+        flush = asyncio.create_task(worker_client.post("/flush_cache"))
         await asyncio.to_thread(flushing.wait, 10)  # it waits for the step now
-        health = await client.get("/health")
+        health = await worker_client.get("/health")
         assert health.status_code == 200 and not flush.done()
     finally:
         done.set()
@@ -301,8 +278,8 @@ async def chat(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
 HELLO = [{"role": "user", "content": "Hello!"}]
 
 
-async def test_chat_completion_applies_the_template(client: httpx.AsyncClient) -> None:
-    resp = await chat(client, messages=HELLO, max_tokens=6, **GREEDY)
+async def test_chat_completion_applies_the_template(worker_client: httpx.AsyncClient) -> None:
+    resp = await chat(worker_client, messages=HELLO, max_tokens=6, **GREEDY)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["object"] == "chat.completion"
@@ -313,10 +290,10 @@ async def test_chat_completion_applies_the_template(client: httpx.AsyncClient) -
 
 
 async def test_chat_stream_opens_with_the_role_and_ends_with_done(
-    client: httpx.AsyncClient,
+    worker_client: httpx.AsyncClient,
 ) -> None:
-    whole = (await chat(client, messages=HELLO, max_tokens=6, **GREEDY)).json()
-    resp = await chat(client, messages=HELLO, max_tokens=6, stream=True, **GREEDY)
+    whole = (await chat(worker_client, messages=HELLO, max_tokens=6, **GREEDY)).json()
+    resp = await chat(worker_client, messages=HELLO, max_tokens=6, stream=True, **GREEDY)
     payloads = sse_payloads(resp.text)
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
@@ -344,17 +321,21 @@ async def test_chat_stream_opens_with_the_role_and_ends_with_done(
     ],
 )
 async def test_bad_chat_requests_get_400_with_a_message(
-    client: httpx.AsyncClient, fields: dict, param: str | None, words: str
+    worker_client: httpx.AsyncClient, fields: dict, param: str | None, words: str
 ) -> None:
-    resp = await chat(client, **fields)
+    resp = await chat(worker_client, **fields)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param
     assert words in error["message"]
 
 
-async def test_chat_for_an_unknown_model_is_404_model_not_found(client: httpx.AsyncClient) -> None:
-    resp = await client.post("/v1/chat/completions", json={"model": "nope", "messages": HELLO})
+async def test_chat_for_an_unknown_model_is_404_model_not_found(
+    worker_client: httpx.AsyncClient,
+) -> None:
+    resp = await worker_client.post(
+        "/v1/chat/completions", json={"model": "nope", "messages": HELLO}
+    )
     assert resp.status_code == 404
     assert resp.json()["error"]["code"] == "model_not_found"
     assert "'nope'" in resp.json()["error"]["message"]

@@ -3,41 +3,9 @@ field, and values it can normalise (a tiny temperature, a huge top_k) are served
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import httpx
 import pytest
-from starlette.applications import Starlette
-from worker_support import tiny_engine, worker_app
-
-from workers.engine.engine import TorchEngine
-
-MODEL = "tiny-random"
-GREEDY = {"temperature": 0.0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[TorchEngine]:
-    engine = tiny_engine(kv_pool_bytes=4 * 2**20)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def app(engine: TorchEngine, smollm2_gguf: Path) -> Starlette:
-    return worker_app(engine, smollm2_gguf)
-
-
-@pytest.fixture
-async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
-        yield c
-
-
-async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
-    return await client.post("/v1/completions", json={"model": MODEL, **fields})
-
+from worker_support import GREEDY, MODEL, complete
 
 _NATIVE_TEXT = {"text": "x"}
 
@@ -94,12 +62,12 @@ _NATIVE_TEXT = {"text": "x"}
     ],
 )
 async def test_sampling_values_a_step_cannot_take_get_400_naming_the_param(
-    client: httpx.AsyncClient, path: str, body: object, param: str, words: str
+    worker_client: httpx.AsyncClient, path: str, body: object, param: str, words: str
 ) -> None:
     if isinstance(body, bytes):
-        resp = await client.post(path, content=body)
+        resp = await worker_client.post(path, content=body)
     else:
-        resp = await client.post(path, json=body)
+        resp = await worker_client.post(path, json=body)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param
@@ -108,21 +76,27 @@ async def test_sampling_values_a_step_cannot_take_get_400_naming_the_param(
 
 
 async def test_tiny_temperature_is_greedy_and_a_huge_top_k_keeps_every_token(
-    client: httpx.AsyncClient,
+    worker_client: httpx.AsyncClient,
 ) -> None:
     """Both used to fail the engine's step (1e-46 is 0.0 in float32; 2**63 overflowed the
     top-k tensor), so the request ended with ``abort`` instead of text."""
-    want = (await complete(client, prompt="Hello", max_tokens=6, **GREEDY)).json()["choices"][0]
-    tiny = await complete(client, prompt="Hello", max_tokens=6, temperature=1e-46, ignore_eos=True)
+    want = (await complete(worker_client, prompt="Hello", max_tokens=6, **GREEDY)).json()[
+        "choices"
+    ][0]
+    tiny = await complete(
+        worker_client, prompt="Hello", max_tokens=6, temperature=1e-46, ignore_eos=True
+    )
     assert tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0] == want
     huge = await complete(
-        client, prompt="Hello", max_tokens=6, top_k=2**63, seed=1, ignore_eos=True
+        worker_client, prompt="Hello", max_tokens=6, top_k=2**63, seed=1, ignore_eos=True
     )
     assert huge.status_code == 200, huge.text
     assert huge.json()["choices"][0]["finish_reason"] == "length"
     params = {"temperature": 1e-46, "top_k": 2**63, "max_new_tokens": 6, "ignore_eos": True}
-    native = await client.post("/generate", json={"text": "Hello", "sampling_params": params})
+    native = await worker_client.post(
+        "/generate", json={"text": "Hello", "sampling_params": params}
+    )
     assert native.status_code == 200, native.text
     assert native.json()["text"] == want["text"]
     assert native.json()["meta_info"]["finish_reason"] == {"type": "length"}

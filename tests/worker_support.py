@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 
@@ -20,6 +21,10 @@ from workers.server import create_app
 
 #: The context the tiny test engines are given (small, so "too long" prompts are cheap).
 TINY_CONTEXT = 512
+#: The tiny engine's model id, as requests name it.
+MODEL = TINY_RANDOM
+#: Greedy decoding that runs to ``max_tokens``: outputs comparable token for token.
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 def tiny_engine(**options: object) -> TorchEngine:
@@ -39,6 +44,11 @@ def worker_app(engine: TorchEngine, gguf: Path, config: ServerConfig | None = No
     """The worker app around ``engine`` with the tokenizer and template of ``gguf``."""
     tokenizer = load_tokenizer(gguf)
     return create_app(engine, tokenizer, chat_template_of(tokenizer), config)
+
+
+async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
+    """``POST /v1/completions`` for :data:`MODEL` with ``fields``."""
+    return await client.post("/v1/completions", json={"model": MODEL, **fields})
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
