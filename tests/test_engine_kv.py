@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_support import greedy, run, tiny_engine, tiny_llama, tokens
 
-from workers.engine import scheduler as scheduler_module
+from workers.engine import held_back as held_back_module
 from workers.engine.kv_pool import KVPool, PoolExhausted, RestoreTarget
 from workers.engine.offload import OffloadPage, Restored
 from workers.engine.radix import RadixCache
@@ -88,7 +88,7 @@ async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypat
     once while the same pages are still out, and requests run again once they are back.
     Pages held back later are other pages: the first request they stop waits for them
     again, even when as many are out as when admission last gave up."""
-    monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
+    monkeypatch.setattr(held_back_module, "HELD_BACK_GIVE_UP_S", 0.3)
     engine = tiny_engine(MODEL, pages=8)  # 8 pages of 16 tokens
     try:
         held = engine.pool.alloc(4)  # the engine is idle: nothing else touches the pool
@@ -100,7 +100,7 @@ async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypat
         assert tokens(refused) == [] and refused[-1].finish_reason == "length"
         assert waited >= 0.3  # it did wait for the pages first
         # a wait now would never end: the next request must be refused without one
-        monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 1e9)
+        monkeypatch.setattr(held_back_module, "HELD_BACK_GIVE_UP_S", 1e9)
         again = await asyncio.wait_for(run(engine, "stuck-too", prompt, greedy(4)), 30)
         assert tokens(again) == []
         for back in give_back:
@@ -108,7 +108,7 @@ async def test_admission_gives_up_on_held_back_pages_that_never_return(monkeypat
         served = await asyncio.wait_for(run(engine, "later", prompt, greedy(4)), 30)
         assert len(tokens(served)) == 4 and served[-1].finish_reason == "length"
         assert engine.pool.held_back == 0
-        monkeypatch.setattr(scheduler_module, "HELD_BACK_GIVE_UP_S", 0.3)
+        monkeypatch.setattr(held_back_module, "HELD_BACK_GIVE_UP_S", 0.3)
         assert engine.flush_cache()  # the engine is idle again: its cache gives its pages up
         held = engine.pool.alloc(4)
         give_back = [engine.pool.hold_back(page) for page in held]  # 4 out, as before

@@ -24,6 +24,7 @@ import torch
 
 from workers.engine.api import FinishReason, GenerateRequest, TokenEvent
 from workers.engine.batch import SeqChunk, build_batch
+from workers.engine.held_back import HeldBackWait
 from workers.engine.kv_pool import KVPool
 from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload
@@ -32,12 +33,6 @@ from workers.engine.sampling import RequestSampler, sample
 from workers.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
-
-#: how long an admission that only held-back pages block waits for them before looking again
-HELD_BACK_WAIT_S = 0.05
-#: how long admission waits in all for held-back pages (a tier read that never returns, a
-#: hung NFS mount) before it refuses the request that needs them instead of waiting forever
-HELD_BACK_GIVE_UP_S = 30.0
 
 
 @dataclass
@@ -91,12 +86,7 @@ class Scheduler:
         self.running: list[_Request] = []
         self.stats = EngineStats()
         self._seq = 0
-        #: the request admission waits for held-back pages for, and since when
-        self._held_wait: tuple[str, float] | None = None
-        #: the pool's ``(holds, held_back)`` when admission last gave up on held-back pages:
-        #: while no page was held back or given back since, the same pages are still out,
-        #: and the next request that needs them is refused without a wait
-        self._held_given_up: tuple[int, int] | None = None
+        self._held_back = HeldBackWait(pool)
 
     # --- requests in and out --------------------------------------------------------------------
     def add(self, request: GenerateRequest, sampler: RequestSampler) -> None:
@@ -197,10 +187,10 @@ class Scheduler:
                 self.cache.unlock(match.node)
                 if self.running:
                     return  # wait for running requests to give pages back
-                if self.pool.held_back and not self._waited_out_held_back(req):
+                if self._held_back.should_wait(req.rid):
                     # pages an abandoned restore still writes will come back: wait a little
                     # for them (nothing else could run meanwhile), then look again
-                    self.pool.wait_given_back(HELD_BACK_WAIT_S)
+                    self._held_back.wait()
                     return
                 # Alone, everything else evicted, and still no room: it can never run. The
                 # engine refuses such prompts up front; this guards against waiting forever.
@@ -238,26 +228,6 @@ class Scheduler:
         except Exception:
             # A failing lower tier costs the pages' recency there, never the request.
             log.exception("noting an L1 hit in the lower tiers failed")
-
-    def _waited_out_held_back(self, req: _Request) -> bool:
-        """True once admission has waited :data:`HELD_BACK_GIVE_UP_S` for held-back pages
-        on ``req``'s behalf, or at once while the pages it gave up on are still out."""
-        if self._held_given_up == (self.pool.holds, self.pool.held_back):
-            return True  # the same pages are still out: waiting again brings nothing back
-        now = time.monotonic()
-        if self._held_wait is None or self._held_wait[0] != req.rid:
-            self._held_wait = (req.rid, now)  # a new head of the queue starts its own wait
-        waited = now - self._held_wait[1]
-        if waited < HELD_BACK_GIVE_UP_S:
-            return False
-        log.warning(
-            "%d pool pages are still held by tier reads after %.0f s; requests that need "
-            "them are refused until they come back",
-            self.pool.held_back,
-            waited,
-        )
-        self._held_given_up = (self.pool.holds, self.pool.held_back)
-        return True
 
     def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
         """Fill pages after the device match from the lower tiers; returns their tiers, or
