@@ -247,6 +247,19 @@ async def test_another_worker_resumes_from_the_nas_while_the_first_still_holds_i
         assert again[-1].cached_by_tier == {"device": 64}
         offloads[0]._call(offloads[0].store.ledger.flush_touches(), 10)  # or the 1 s loop did
         assert await pool.fetchval(sql, first_key) > before
+        # A longer turn served by the second worker puts its new pages on the NAS. The
+        # first worker then has the head in L1 and fetches the rest: the fetch notes the
+        # head's use as well (the scheduler does not touch it a second time).
+        longer = prompt + _ids(40, 13, 512)
+        assert tokens(await run(second, "d", longer, greedy(8))) == tokens(
+            await run(cold, "cold-longer", longer, greedy(8))
+        )
+        offloads[1].drain()
+        before = await pool.fetchval(sql, first_key)
+        later = await run(first, "e", longer, greedy(8))
+        assert later[-1].cached_by_tier == {"device": 64, "nas": 32}
+        offloads[0]._call(offloads[0].store.ledger.flush_touches(), 10)
+        assert await pool.fetchval(sql, first_key) > before
         await pool.close()
     finally:
         for engine in (first, second, cold):

@@ -73,14 +73,9 @@ class Namespace:
         return page_keys(self.digest, token_ids, self.page_size)
 
 
-def page_keys(
-    seed: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int, *, start: int = 0
-) -> list[bytes]:
-    """Chained digests of the full pages of ``token_ids``, the chain seeded with ``seed``.
-
-    ``start`` skips that many leading pages' keys in the output (the chain is still computed
-    from the first page, since every key depends on all before it).
-    """
+def page_keys(seed: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int) -> list[bytes]:
+    """Chained digests of the full pages of ``token_ids``, the chain seeded with ``seed``:
+    every key depends on all the pages before it."""
     ids = np.asarray(token_ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
         raise ValueError("token ids must fit in uint32")
@@ -94,6 +89,5 @@ def page_keys(
         h = hashlib.sha256(prev)
         h.update(raw[i * step : (i + 1) * step])
         prev = h.digest()
-        if i >= start:
-            out.append(prev)
+        out.append(prev)
     return out

@@ -67,8 +67,9 @@ class KVOffload(Protocol):
         ...
 
     def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
-        """Note that the first ``n_pages`` pages of ``token_ids`` were used from L1. Called
-        on the scheduler thread: never block."""
+        """Note that the first ``n_pages`` pages of ``token_ids`` were used from L1, when
+        the lower tiers were not asked for more (:meth:`load_prefix` notes them itself).
+        Called on the scheduler thread: never block."""
         ...
 
     def load_prefix(
@@ -78,7 +79,8 @@ class KVOffload(Protocol):
 
         ``token_ids`` is the whole prompt (keys chain from its first page); ``target`` has
         one pool page per page wanted. Only a consecutive run from its first page counts;
-        call ``target.commit(n)`` for it. Called on the scheduler thread at admission:
+        call ``target.commit(n)`` for it. The first ``start_page`` pages were found in L1:
+        note their use as :meth:`touch` would. Called on the scheduler thread at admission:
         bound the time spent (fetch only when it beats recomputing).
         """
         ...

@@ -201,8 +201,6 @@ class Scheduler:
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
-            if match.pages:
-                self._touch(req, len(match.pages))
             tiers = ["device"] * len(match.pages)
             lower = self._load_lower(req, reusable)
             if lower is None:
@@ -234,6 +232,8 @@ class Scheduler:
         None when the request went back to wait (no page to replace a held-back one)."""
         start = req.shared
         if reusable <= start:
+            if start:
+                self._touch(req, start)  # nothing to ask the tiers for: note the L1 hit alone
             return []
         try:
             target = self.pool.restore_target(req.pages[start:reusable])

@@ -169,9 +169,11 @@ class TieredOffload:
             return Restored()
         ns = self.namespace(namespace)
         ps = self.layout.page_size
-        keys = page_keys(
-            ns.digest, token_ids[: (start_page + len(target.page_ids)) * ps], ps, start=start_page
-        )
+        chain = page_keys(ns.digest, token_ids[: (start_page + len(target.page_ids)) * ps], ps)
+        if self.write_through and start_page:
+            # the chain holds the device prefix's keys too: note its use here (see touch)
+            self._loop.call_soon_threadsafe(self.store.touch, chain[:start_page])
+        keys = chain[start_page:]
         if not keys:
             return Restored()
         self._learn_prefill_rate()
