@@ -20,7 +20,13 @@ import click
 
 from kvgate.cli_args import pop_option
 from kvgate.settings import Settings, load_settings
-from kvgate.sglang_weights import SGLangWeights, WeightsUnavailable, resolve_weights, split_revision
+from kvgate.sglang_weights import (
+    SGLangWeights,
+    WeightsUnavailable,
+    kv_numerics,
+    resolve_weights,
+    split_revision,
+)
 from tiering.sglang_options import (
     DATABASE_URL_ENV,
     S3_ACCESS_KEY_ENV,
@@ -94,7 +100,8 @@ def launch_spec(
 
     ``weights`` (see :mod:`kvgate.sglang_weights`) gives the backend the fingerprint its
     keys fold in and pins a Hub model's revision; None, for ``--dry-run`` only, shows
-    :data:`DRY_RUN_WEIGHTS` in its place, which the backend refuses.
+    :data:`DRY_RUN_WEIGHTS` in its place, which the backend refuses. The keys also fold in
+    the pass-through flags that change the KV those weights compute (``kv_numerics``).
     """
     revision = opts.pop("revision", None)
     backend = SGLangBackendOptions(
@@ -105,6 +112,7 @@ def launch_spec(
         s3_region=settings.s3_region,
         model=str(opts.pop("served_model_name") or model),
         weights_fingerprint=weights.fingerprint if weights else DRY_RUN_WEIGHTS,
+        compute=kv_numerics(opts.get("extra_args", ())),  # type: ignore[arg-type]
     )
     return SGLangLaunchSpec(
         model=model,
@@ -186,23 +194,23 @@ def worker_sglang(
     settings = load_settings()
     revision, extra_args = split_revision(extra_args)
     weights = None
-    if not dry_run:  # hashing the weights is no dry run: it shows DRY_RUN_WEIGHTS instead
-        try:
+    try:
+        if not dry_run:  # hashing the weights is no dry run: it shows DRY_RUN_WEIGHTS instead
             weights = resolve_weights(
                 model, settings.models_dir / "fingerprints", revision=revision
             )
-        except WeightsUnavailable as exc:
-            raise click.ClickException(str(exc)) from exc
-    spec = launch_spec(
-        settings,
-        model,
-        weights,
-        host=host or settings.bind_host,
-        port=port or settings.worker_port,
-        extra_args=extra_args,
-        revision=revision,
-        **opts,
-    )
+        spec = launch_spec(
+            settings,
+            model,
+            weights,
+            host=host or settings.bind_host,
+            port=port or settings.worker_port,
+            extra_args=extra_args,
+            revision=revision,
+            **opts,
+        )
+    except WeightsUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
     if dry_run:
         click.echo(format_command(spec))
         return

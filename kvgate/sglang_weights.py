@@ -14,12 +14,14 @@ built-in worker does), over the files SGLang will load for ``--model-path``:
 
 What cannot be fingerprinted is refused with what to do (:class:`WeightsUnavailable`): a Hub
 model not downloaded yet, a snapshot whose shard index names missing files, a directory
-without weights. A worker never starts with keys that do not name its weights. Torch-free
-and SGLang-free: the launcher runs where neither is installed.
+without weights. A worker never starts with keys that do not name its weights. The keys
+also fold in the launch flags that change what the weights compute (:func:`kv_numerics`).
+Torch-free and SGLang-free: the launcher runs where neither is installed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +71,48 @@ def resolve_weights(
             "by the weights' content, so the worker does not start without it."
         ) from exc
     return SGLangWeights(path, fingerprint, commit)
+
+
+#: SGLang flags that change the KV the same weights compute: the compute dtype, weight
+#: quantization (``--quantization``, ModelOpt's), the KV scales of an FP8 cache, and
+#: overrides of the model's config (RoPE scaling, for one). The KV dtype is folded in by the
+#: backend itself, from the host pool.
+KV_NUMERICS_FLAGS = (
+    "--dtype",
+    "--quantization",
+    "--modelopt-quant",
+    "--quantization-param-path",
+    "--json-model-override-args",
+)
+
+
+def kv_numerics(args: Sequence[str]) -> str:
+    """What SGLang's pass-through ``args`` set of :data:`KV_NUMERICS_FLAGS`, canonically
+    (``--dtype=float16;--quantization=fp8``); empty when they leave SGLang's defaults.
+
+    Folded into the backend's keys, so workers launched with other values never restore
+    each other's pages. A file given to ``--quantization-param-path`` counts by its content.
+    """
+    parts = []
+    for flag in KV_NUMERICS_FLAGS:
+        value, _ = pop_option(args, flag)
+        if value is None:
+            continue
+        if flag == "--quantization-param-path":
+            value = _file_digest(Path(value).expanduser())
+        parts.append(f"{flag}={value}")
+    return ";".join(parts)
+
+
+def _file_digest(path: Path) -> str:
+    """``sha256:…`` of the file at ``path``; WeightsUnavailable when it cannot be read."""
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise WeightsUnavailable(
+            f"cannot read --quantization-param-path {path}: {exc}. Its KV scales change the "
+            "KV the worker computes, so its pages are keyed by them."
+        ) from exc
 
 
 def split_revision(args: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:

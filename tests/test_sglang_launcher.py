@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
@@ -46,6 +47,7 @@ _FIELDS = [
     "served_model_name",
     "tp_size",
     "revision",
+    "dtype",
 ]
 
 
@@ -80,7 +82,7 @@ def test_dry_run_command_is_accepted_by_sglang_parser(tmp_path: Path) -> None:
         "--port", "31000",
         "--served-model-name", "qwen2.5-7b",
         "--hicache-size", "32",
-        "--", "--tp-size", "1",
+        "--", "--tp-size", "1", "--dtype", "float16",
     )  # fmt: skip
     parsed = _sglang_parse(line)
 
@@ -96,18 +98,60 @@ def test_dry_run_command_is_accepted_by_sglang_parser(tmp_path: Path) -> None:
     assert parsed["enable_cache_report"] is True
     assert parsed["enable_metrics"] is True
     assert parsed["tp_size"] == 1
+    assert parsed["dtype"] == "float16"
     assert parsed["hicache_storage_backend"] == "dynamic"
     extra = json.loads(parsed["hicache_storage_backend_extra_config"])
     assert extra["module_path"] == MODULE_PATH
     assert extra["class_name"] == CLASS_NAME
     assert extra["interface_v1"] == 1
     options = SGLangBackendOptions.from_extra_config(extra)
+    assert options == _backend_options(line)
     assert options.model == "qwen2.5-7b"
+    assert options.compute == "--dtype=float16"  # SGLang computes in it: the keys say so
     # a dry run hashes nothing, and says so where the fingerprint goes
     assert options.weights_fingerprint == DRY_RUN_WEIGHTS
     assert Path(options.nas_path) == (tmp_path / "home" / "nas").resolve()
     # No secret on the command line: ps and SGLang's logs would show it.
     assert "kvgate-secret" not in line and "postgres" not in line.lower()
+
+
+def _backend_options(line: str) -> SGLangBackendOptions:
+    """The backend options a dry-run command line hands SGLang."""
+    argv = shlex.split(line)
+    extra = argv[argv.index("--hicache-storage-backend-extra-config") + 1]
+    return SGLangBackendOptions.from_extra_config(json.loads(extra))
+
+
+def test_flags_that_change_the_kv_are_folded_into_the_keys(tmp_path: Path) -> None:
+    assert _backend_options(_dry_run(tmp_path, "--model", "org/m", "--gpu", "1")).compute == ""
+    scales = tmp_path / "kv_scales.json"
+    scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.5}}}}')
+    line = _dry_run(
+        tmp_path, "--model", "org/m", "--gpu", "1",
+        "--", "--quantization=fp8", "--dtype", "bfloat16", "--quantization-param-path", str(scales),
+        "--enable-torch-compile",
+    )  # fmt: skip
+    digest = hashlib.sha256(scales.read_bytes()).hexdigest()
+    assert _backend_options(line).compute == (
+        f"--dtype=bfloat16;--quantization=fp8;--quantization-param-path=sha256:{digest}"
+    )
+    # other scales are other KV (the `=` form counts as well)
+    scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.25}}}}')
+    other = hashlib.sha256(scales.read_bytes()).hexdigest()
+    line = _dry_run(
+        tmp_path, "--model", "org/m", "--gpu", "1", "--", f"--quantization-param-path={scales}"
+    )
+    assert other != digest
+    assert _backend_options(line).compute == f"--quantization-param-path=sha256:{other}"
+
+
+def test_unreadable_kv_scales_are_refused_with_the_path(tmp_path: Path) -> None:
+    env = {"KVGATE_HOME": str(tmp_path / "home"), "KVGATE_CONFIG": str(tmp_path / "none.toml")}
+    missing = tmp_path / "no-such-scales.json"
+    args = ["--model", "org/m", "--dry-run", "--", "--quantization-param-path", str(missing)]
+    result = CliRunner().invoke(cli, ["worker", "--engine", "sglang", *args], env=env)
+    assert result.exit_code == 1
+    assert str(missing) in result.output and "KV scales" in result.output
 
 
 def test_a_revision_for_sglang_is_passed_on_once(tmp_path: Path) -> None:

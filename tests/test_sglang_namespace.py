@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,14 +49,23 @@ def make(
         yield _make
 
 
+def _stored(
+    make: Make, n: int, salt: str, seed: int, pool: Any = None, **backend: object
+) -> list[str]:
+    """Keys of ``n`` random pages that a backend made with ``backend`` stored from ``pool``
+    (default: a host pool of the default geometry) and flushed."""
+    src = pool or host_pool()
+    idx = src.alloc(n * PAGE)
+    src.fill_random(idx, seed=seed)
+    keys = sglang_keys(n, salt=salt)
+    writer = make(src, **backend)
+    assert writer.batch_set_v1(keys, idx) == [True] * n
+    writer.flush()
+    return keys
+
+
 def test_tensor_parallel_shards_never_share_pages(make: Make) -> None:
-    src = host_pool()
-    idx = src.alloc(2 * PAGE)
-    src.fill_random(idx, seed=4)
-    keys = sglang_keys(2, salt="tp")
-    rank0 = make(src, tp_rank=0)
-    rank0.batch_set_v1(keys, idx)
-    rank0.flush()
+    keys = _stored(make, 2, "tp", seed=4, tp_rank=0)
     assert make(host_pool(), tp_rank=1).batch_exists(keys) == 0
     reader = make(host_pool(), tp_rank=0)
     assert reader.batch_exists(keys) == 2
@@ -77,13 +87,7 @@ def test_decode_context_parallel_ranks_never_share_pages(make: Make) -> None:
             "logical_page_size": 2 * PAGE,
         }
 
-    src = host_pool()
-    idx = src.alloc(2 * PAGE)
-    src.fill_random(idx, seed=5)
-    keys = sglang_keys(2, salt="dcp")
-    rank0 = make(src, tp_rank=0, storage=dcp(0))
-    rank0.batch_set_v1(keys, idx)
-    rank0.flush()
+    keys = _stored(make, 2, "dcp", seed=5, tp_rank=0, storage=dcp(0))
     assert make(host_pool(), tp_rank=1, storage=dcp(1)).batch_exists(keys) == 0
     assert make(host_pool(), tp_rank=2, storage=dcp(2)).batch_exists(keys) == 2
 
@@ -91,16 +95,10 @@ def test_decode_context_parallel_ranks_never_share_pages(make: Make) -> None:
 def test_other_weights_under_one_served_name_never_share_pages(make: Make) -> None:
     """A rolling upgrade: v1 and v2 of a fine-tune, both served as ``test-model``. v2 must
     recompute what v1 stored, never decode on v1's KV."""
-    src = host_pool()
-    idx = src.alloc(3 * PAGE)
-    src.fill_random(idx, seed=9)
-    keys = sglang_keys(3, salt="upgrade")
-    v1 = make(src)
-    assert v1.batch_set_v1(keys, idx) == [True] * 3
-    v1.flush()
+    keys = _stored(make, 3, "upgrade", seed=9)  # by v1
     dst = host_pool()
     v2 = make(dst, weights_fingerprint=weights("test-model v2"))
-    assert v2.options.model == v1.options.model == "test-model"
+    assert v2.options.model == "test-model"
     out = dst.alloc(3 * PAGE)
     assert v2.batch_exists(keys) == 0
     assert v2.batch_get_v1(keys, out) == [False] * 3
@@ -114,15 +112,18 @@ def test_host_pools_of_another_storage_format_never_share_pages(make: Make) -> N
     """SGLang's unified host pool tags its page format (``storage_format_tag``); pages of one
     format are never handed to a pool of another, even with the same geometry and name."""
     unified = "unified-token-major"
-    src = host_pool(storage_format_tag=unified)
-    idx = src.alloc(2 * PAGE)
-    src.fill_random(idx, seed=10)
-    keys = sglang_keys(2, salt="format")
-    writer = make(src)
-    assert writer.batch_set_v1(keys, idx) == [True] * 2
-    writer.flush()
+    keys = _stored(make, 2, "format", seed=10, pool=host_pool(storage_format_tag=unified))
     assert make(host_pool()).batch_exists(keys) == 0
     assert make(host_pool(storage_format_tag=unified)).batch_exists(keys) == 2
+
+
+def test_workers_that_compute_otherwise_never_share_pages(make: Make) -> None:
+    """The same weights computing in float16 instead of SGLang's default (or quantized) write
+    other KV: a worker launched with other such flags recomputes, never restores."""
+    keys = _stored(make, 2, "compute", seed=11)
+    assert make(host_pool(), compute="--dtype=float16").batch_exists(keys) == 0
+    assert make(host_pool(), compute="--quantization=fp8").batch_exists(keys) == 0
+    assert make(host_pool()).batch_exists(keys) == 2
 
 
 @pytest.mark.parametrize("fingerprint", ["", "test-model", DRY_RUN_WEIGHTS, "sha256:abc"])

@@ -16,10 +16,11 @@ counted: nothing ever raises into SGLang's threads, and SGLang simply recomputes
 Keys: SGLang names a page by a chained SHA-256 hex string that already covers the request's
 ``extra_key``/``cache_salt`` (so tenants never share a page). We fold it with the digest of
 a :class:`~tiering.keys.Namespace` made of the content fingerprint of the weights (computed
-by the launcher: a served name alone says nothing of the checkpoint behind it), the served
-name, the tensor-parallel shard, the KV dtype, the host-pool layout and its storage format
-tag, and the page size, so that pages of different weights, formats or shards can never be
-confused. Both of SGLang's interfaces store the same page bytes (see
+by the launcher: a served name alone says nothing of the checkpoint behind it), the launch
+flags that change the numbers those weights compute (``--dtype``, ``--quantization``, ...),
+the served name, the tensor-parallel shard, the KV dtype, the host-pool layout and its
+storage format tag, and the page size, so that pages of different weights, computations,
+formats or shards can never be confused. Both of SGLang's interfaces store the same page bytes (see
 :mod:`tiering.sglang_pages`).
 
 This is an adapter, so torch is allowed here (the tiering core stays torch-free).
@@ -126,6 +127,7 @@ class KvgateHiCacheStorage(HiCacheStorage):
             dtype=dtype,
             page_size=mem_pool_host.page_size,
             layout=f"sglang:{mem_pool_host.layout}{fmt}{shard}",
+            compute=self.options.compute,
         )
 
     @property

@@ -72,6 +72,10 @@ class SGLangBackendOptions:
     #: replaced in place) never restore each other's KV. The backend refuses to start
     #: without one (:meth:`checked_weights_fingerprint`).
     weights_fingerprint: str = ""
+    #: the launch's flags that change the KV these weights compute (``--dtype``,
+    #: ``--quantization``, ...; see ``kvgate.sglang_weights.kv_numerics``), folded into
+    #: every key beside the weights; empty for SGLang's defaults
+    compute: str = ""
     #: bytes of recently stored or fetched pages kept in this process. SGLang's own host
     #: pool already is the L2 and holds these very pages, so by default none are kept:
     #: keeping them would cost a copy on every write and every read for no extra hits
