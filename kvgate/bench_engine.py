@@ -13,7 +13,6 @@ import asyncio
 import functools
 import json
 import os
-import platform
 import random
 import time
 import uuid
@@ -27,6 +26,7 @@ import click
 import torch
 
 from kvgate.bench_hf import HFBaseline, matmul_gflops, prefill_flops, roofline_shapes
+from kvgate.bench_output import cpu_name, source_commit
 from kvgate.serving import (
     WorkerOptions,
     cores_to_the_engine,
@@ -67,6 +67,8 @@ class Figures:
     #: 1-minute load average at the start and the end: above the CPU count, other processes
     #: competed for the cores and every figure is a lower bound
     load_average: tuple[float, float] = (0.0, 0.0)
+    #: the git commit measured (see :func:`~kvgate.bench_output.source_commit`)
+    commit: str | None = None
 
     def targets(self) -> list[tuple[str, bool, str]]:
         """(target, met, the figures behind the verdict) for each of the engine's targets."""
@@ -104,13 +106,7 @@ class Figures:
 def machine() -> str:
     """CPU model and core count, and the GPU if torch sees one (the figures mean little
     without them)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-        if line.startswith("model name")
-    ]
-    cpu = f"{names[0] if names else platform.machine()}, {os.cpu_count()} logical CPUs"
+    cpu = f"{cpu_name()}, {os.cpu_count()} logical CPUs"
     return cpu + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
 
 
@@ -211,6 +207,7 @@ async def _measure(
     figures = Figures(
         model=loaded.model_id,
         machine=machine(),
+        commit=source_commit(),
         threads=threads,
         matmul_gflops=0.0,
         engine=options.engine.describe(),
@@ -273,11 +270,13 @@ def render(figures: Figures) -> str:
     def vs(ours: float, theirs: float | None) -> str:
         return f"{theirs:,.1f} | {ours / theirs:.1f}x" if theirs else "- | -"
 
-    on_gpu = not figures.engine.endswith(" cpu")
+    on_gpu = " on cpu" not in figures.engine  # "float32 on cpu, KV in float16"
     lines = [
         "# Built-in engine benchmark" + (f" on a GPU ({figures.engine})" if on_gpu else ""),
         "",
-        "Written by `kvgate bench engine`; every figure comes from the same run on the same machine.",
+        "Written by `kvgate bench engine`"
+        + (f" on commit `{figures.commit}`" if figures.commit else "")
+        + "; every figure comes from the same run on the same machine.",
         "",
         f"- model: `{figures.model}`, {figures.engine}, {figures.threads} torch threads",
         f"- machine: {figures.machine}; 1-minute load average {figures.load_average[0]:.1f} "

@@ -20,6 +20,7 @@ from kvgate.bench_mt_noreuse import wave_count
 from kvgate.bench_mt_report import markdown_table, physics, plots, verdicts
 from kvgate.bench_mt_workload import Shape
 from kvgate.bench_multiturn import DOCS, kv_bytes_per_token, machine, run_dir, served_model
+from kvgate.bench_output import source_commit
 
 
 def compare_run(
@@ -55,6 +56,7 @@ def compare_run(
     started = time.perf_counter()
     data: dict[str, Any] = {
         "run": "quick" if quick else "full",
+        "commit": source_commit(),
         "machine": machine(),
         "spec": asdict(spec),
         "configs_run": list(only),

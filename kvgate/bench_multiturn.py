@@ -24,6 +24,7 @@ import click
 from kvgate.bench_mt_driver import Plan, Target, run
 from kvgate.bench_mt_metrics import summarize
 from kvgate.bench_mt_workload import Shape, conversations
+from kvgate.bench_output import cpu_name
 
 DOCS = Path("docs")
 
@@ -59,6 +60,7 @@ def machine() -> dict[str, object]:
         "platform": platform.platform(),
         "gpu": gpu,
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import platform
 import tempfile
 import time
 import uuid
@@ -32,7 +31,7 @@ from typing import Any
 import click
 import numpy as np
 
-from kvgate.bench_output import publish
+from kvgate.bench_output import cpu_name, publish, source_commit
 from kvgate.bench_tiers_report import TARGETS, render
 from kvgate.services.postgres import create_pool, database
 from kvgate.services.seaweed import S3Endpoint, ensure_bucket, seaweed_s3
@@ -337,7 +336,8 @@ def tiers(quick: bool, json_path: Path | None, out: Path | None) -> None:
     # the machine may be shared: say how busy it was, the figures mean little without it
     figures["run"] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": platform.machine(),
+        "machine": cpu_name(),
+        "commit": source_commit(),
         "pages": plan.pages,
         "reps": plan.reps,
         "cpus": os.cpu_count(),

@@ -35,7 +35,9 @@ def render(figures: dict[str, Any], *, page_bytes: int) -> str:
     lines = [
         "# Tier restore speed and ledger throughput",
         "",
-        f"Measured by `kvgate bench tiers` on {run['when']}, "
+        f"Measured by `kvgate bench tiers` on {run['when']}"
+        + (f" (commit `{run['commit']}`)" if run.get("commit") else "")
+        + ", "
         f"{run['machine']} with {run['cpus']} logical CPUs; {run['pages']} pages of "
         f"{page_bytes // 1024} KiB per tier, best of {run['reps']} alternating runs.",
         "",

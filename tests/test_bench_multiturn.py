@@ -315,6 +315,11 @@ def test_docs_explain_method_machine_results_and_physics() -> None:
     assert "46080 bytes" in text and "8.5x L1" in text
     assert "Llama-3.1-70B" in text and "100 GbE" in text
     assert "![multiturn_configs](benchmarks/multiturn_configs.png)" in text
+    # where the figures come from: the CPU model (figures move several-fold between CPUs of
+    # one architecture) and, for runs that recorded it, the code measured
+    assert f"{machine()['cpu']} (" in text and "on commit" not in text
+    data["commit"] = "0123456789ab-dirty"
+    assert "minutes, on commit `0123456789ab-dirty`)" in render(data)
 
 
 def test_report_from_a_saved_run_writes_json_table_plots_and_docs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,15 @@ def test_targets_are_judged_on_the_measured_figures() -> None:
     assert "**missed**: batch-32 decode >= 8x batch-1 decode (70.0 / 10.0 tok/s = 7.0x)" in render(
         figures(40.0, {1: 10.0, 8: 50.0, 32: 70.0}, {1: 4.0, 8: 20.0})
     )
+
+
+def test_the_report_names_the_device_and_the_commit_measured() -> None:
+    cpu = replace(figures(60.0, {1: 10.0}, {1: 3.0}), engine="float32 on cpu, KV in float16")
+    assert render(cpu).startswith("# Built-in engine benchmark\n")
+    assert "Written by `kvgate bench engine`;" in render(cpu)
+    gpu = replace(cpu, engine="bfloat16 on cuda", commit="0123456789ab")
+    assert render(gpu).startswith("# Built-in engine benchmark on a GPU (bfloat16 on cuda)\n")
+    assert "Written by `kvgate bench engine` on commit `0123456789ab`;" in render(gpu)
 
 
 def test_a_yardstick_runs_on_a_thread_of_its_own_with_the_cores() -> None:
