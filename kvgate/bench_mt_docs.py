@@ -34,6 +34,14 @@ def _on_commit(data: dict[str, Any]) -> str:
     return f", on commit `{data['commit']}`" if data.get("commit") else ""
 
 
+def provenance(data: dict[str, Any]) -> str:
+    """One line for a run's own table: which run, how long, the code and the machine."""
+    return (
+        f"{data['run'].capitalize()} run of `kvgate bench multiturn --compare` "
+        f"({data['seconds'] / 60:.1f} minutes{_on_commit(data)}) on {machine_line(data)}"
+    )
+
+
 def machine_line(data: dict[str, Any]) -> str:
     """What the run was measured on: platform, CPUs, GPU, torch, model, load."""
     m = data["machine"]

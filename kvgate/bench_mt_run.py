@@ -15,7 +15,7 @@ import click
 
 from kvgate import bench_mt_restore, bench_mt_stack
 from kvgate.bench_mt_compare import CONFIGS, FULL, OBJECT_CONFIGS, QUICK, Compare
-from kvgate.bench_mt_docs import write_docs
+from kvgate.bench_mt_docs import provenance, write_docs
 from kvgate.bench_mt_noreuse import wave_count
 from kvgate.bench_mt_report import markdown_table, physics, plots, verdicts
 from kvgate.bench_mt_workload import Shape
@@ -126,7 +126,7 @@ def _write(data: dict[str, Any], stem: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    (out / f"{stem}.md").write_text(markdown_table(data))
+    (out / f"{stem}.md").write_text(f"{provenance(data)}\n\n{markdown_table(data)}")
     if stem == "multiturn" or (stem == "multiturn_quick" and not (out / "multiturn.json").exists()):
         gpu = out / f"{GPU_STEM}.json"
         write_docs(

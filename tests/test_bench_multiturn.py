@@ -336,7 +336,9 @@ def test_report_from_a_saved_run_writes_json_table_plots_and_docs(
         assert {"value", "target", "met"} <= set(data[key])
     bench = tmp_path / "docs" / "benchmarks"
     assert json.loads((bench / "multiturn.json").read_text())["speedup_rps"]["met"] is True
-    assert "| recompute |" in (bench / "multiturn.md").read_text()
+    table = (bench / "multiturn.md").read_text()
+    assert "| recompute |" in table
+    assert table.startswith("Full run of `kvgate bench multiturn --compare` (10.0 minutes) on ")
     assert (bench / "multiturn_configs.png").stat().st_size > 0
     assert (bench / "multiturn_restore.png").stat().st_size > 0
     assert "## What limits the figures" in (tmp_path / "docs" / "benchmarks.md").read_text()
