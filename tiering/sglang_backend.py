@@ -20,8 +20,8 @@ by the launcher: a served name alone says nothing of the checkpoint behind it), 
 flags that change the numbers those weights compute (``--dtype``, ``--quantization``, ...),
 the served name, the tensor-parallel shard, the KV dtype, the host-pool layout and its
 storage format tag, and the page size, so that pages of different weights, computations,
-formats or shards can never be confused. Both of SGLang's interfaces store the same page bytes (see
-:mod:`tiering.sglang_pages`).
+formats or shards can never be confused. Both of SGLang's interfaces store the same page
+bytes (see :mod:`tiering.sglang_pages`).
 
 This is an adapter, so torch is allowed here (the tiering core stays torch-free).
 """
