@@ -36,12 +36,12 @@ $(BIN)/python:
 # later resolution ever pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) torch
-	$(PIP) -e .
+	$(PIP) -e '.[bench]'
 	touch $@
 
 # The tests also load our HiCache backend through SGLang's own code: SGLang 0.5.23 with
 # --no-deps plus the pure-Python modules its storage and server-args modules import.
 $(VENV)/.installed-dev: $(VENV)/.installed scripts/install-sglang-test-deps.sh
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,bench]'
 	scripts/install-sglang-test-deps.sh $(VENV)
 	touch $@

@@ -43,6 +43,18 @@ class Team:
 
 
 @dataclass(frozen=True)
+class KeyRow:
+    """A key of one team as its pages list it (never the secret)."""
+
+    id: int
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+    last_used: datetime | None
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     """An API key as listed (never the secret)."""
 
@@ -97,6 +109,19 @@ async def create_team(db: Any, name: str, plan: str = "team") -> Team:
     if row is None:
         raise AccountError(f"a team named {name!r} already exists; pick another name")
     return Team(*row)
+
+
+async def team_keys(db: Any, team_id: int) -> list[KeyRow]:
+    """The team's keys as the console and staff list them: active first, newest first."""
+    rows = await db.fetch(
+        """
+        SELECT k.id, k.name, k.prefix, k.created_at, k.revoked_at,
+               (SELECT max(u.ts) FROM usage u WHERE u.key_id = k.id)
+        FROM api_keys k WHERE k.team_id = $1 ORDER BY k.revoked_at IS NOT NULL, k.id DESC
+        """,
+        team_id,
+    )
+    return [KeyRow(*r) for r in rows]
 
 
 async def list_teams(db: Any) -> list[Team]:

@@ -22,12 +22,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import inbound, proxy
+from gateway.admin.routes import admin_routes
 from gateway.admission import DEGRADED, rate_headers, refusal_message
 from gateway.auth import Authenticator
 from gateway.breaker import Breaker
 from gateway.call import PATHS, Call
 from gateway.client_ip import client_ip
 from gateway.config import GatewayConfig
+from gateway.console.routes import console_routes
 from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
 from gateway.directory import Directory
 from gateway.errors import ApiError
@@ -35,13 +37,12 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import document
+from gateway.pages.headers import SecurityHeadersMiddleware
+from gateway.pages.kit import PageKit
+from gateway.pages.mailer import Mailer
+from gateway.public.routes import public_routes
 from gateway.router import Router
-from gateway.site.headers import SecurityHeadersMiddleware
-from gateway.site.routes import site_routes
 from gateway.usage import UsageRecorder
-from gateway.web.mailer import Mailer
-from gateway.web.routes import accounts_routes
-from gateway.web.site import Site
 
 
 class Gateway:
@@ -194,7 +195,7 @@ def build_app(config: GatewayConfig) -> Starlette:
     """The gateway ASGI app for ``config``."""
     gw = Gateway(config)
     # One page machinery (templates, CSRF, sessions, mail) for the console, site and admin.
-    site = Site(config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp))
+    site = PageKit(config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp))
     routes = [
         Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
         Route("/v1/completions", gw.completions, methods=["POST"]),
@@ -203,15 +204,17 @@ def build_app(config: GatewayConfig) -> Starlette:
         Route("/readyz", gw.readyz, methods=["GET"]),
         Route("/metrics", gw.metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", gw.openapi, methods=["GET"]),
-        # Accounts, team console and Stripe billing (ACCOUNTS): see gateway/web/routes.py.
-        *accounts_routes(site),
-        # Public site, contact sales and /admin (SITE): see gateway/site/routes.py.
-        *site_routes(config, site),
+        # Sign-in, the team console and Stripe billing: gateway/console/routes.py.
+        *console_routes(site),
+        # The public site and contact sales: gateway/public/routes.py.
+        *public_routes(config, site),
+        # The staff dashboard: gateway/admin/routes.py.
+        *admin_routes(site, config.site, config.worker_timeout_s),
     ]
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(BodyLimitMiddleware, limit=config.body_limit),
-        # CSP, frame, referrer and sniffing headers on every response (SITE).
+        # CSP, frame, referrer and sniffing headers on every response.
         Middleware(SecurityHeadersMiddleware),
     ]
     app = Starlette(

@@ -24,13 +24,14 @@ from gateway import inbound, proxy
 from gateway.admission import Decision
 from gateway.auth import Principal
 from gateway.errors import ApiError
-from gateway.streaming import HangupAwareStream
 from gateway.usage import UsageRow
 from protocol.disconnect import until_disconnect
 from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
 from protocol.registry import WorkerInfo
+from protocol.streaming import HangupAwareStream
 
 if TYPE_CHECKING:
+    # import cycle: the type only; the Gateway makes each Call and hands itself in
     from gateway.app import Gateway
 
 #: the worker path of each kind of completion (chat or not)

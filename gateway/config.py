@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from gateway.site.config import SiteConfig
-from gateway.web.config import AccountsConfig
+from gateway.pages.config import AccountsConfig
+from gateway.public.config import SiteConfig
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -47,9 +47,9 @@ class GatewayConfig:
     #: Asyncpg pool bounds.
     db_pool_min: int = 2
     db_pool_max: int = 10
-    #: Console, sign-in, email and Stripe billing (``gateway.web``, ``gateway.billing``).
+    #: Console, sign-in, email and Stripe billing (``gateway.console``, ``gateway.billing``).
     accounts: AccountsConfig = field(default_factory=AccountsConfig)
-    #: Public site, contact form and /admin (``gateway.site``, ``gateway.admin``).
+    #: Public site, contact form and /admin (``gateway.public``, ``gateway.admin``).
     site: SiteConfig = field(default_factory=SiteConfig)
 
     @staticmethod

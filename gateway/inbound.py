@@ -1,9 +1,11 @@
 """Reading an OpenAI request: validate it against the plan and prepare what the worker gets.
 
-The gateway does not re-implement the workers' validation: it checks only what it must
-know to admit, route and meter (model, stream, ``max_tokens``, prompt size) and passes
-every other field through untouched, including SGLang's extras (``min_tokens``, ``seed``,
-``top_k``, ``stop_token_ids``, ``ignore_eos``).
+The gateway validates a body with the schema the workers use (:mod:`protocol.openai_requests`),
+so what it admits a worker serves; on top it checks what the plan limits (``max_tokens``,
+the prompt's size) and what it must know to admit, route and meter. It passes the body on
+as the client sent it, SGLang's extras (``min_tokens``, ``seed``, ``top_k``,
+``stop_token_ids``, ``ignore_eos``) included, with only the cache salt, the completion cap
+and the usage options set.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from gateway.accounts import Plan
 from gateway.errors import ApiError
 from gateway.router import point
 from protocol.fields import CACHE_SALT_FIELDS
+from protocol.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestError,
+    validate,
+)
 
 #: Characters per token assumed when sizing a prompt before a tokenizer has seen it.
 _CHARS_PER_TOKEN = 4
 #: How much of the conversation's start names it when the client gives no session id.
 _SESSION_PREFIX_CHARS = 512
-#: Most choices one request may ask for (OpenAI's own limit on ``n``).
-MAX_CHOICES = 128
-#: ``max_tokens`` of a text completion that names none (OpenAI's default there).
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass
@@ -92,27 +96,26 @@ class Inbound:
 
 
 def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
-    """Validate ``raw`` for ``plan``; raises :class:`ApiError` 400 saying what to fix."""
+    """Validate ``raw`` for ``plan``; raises :class:`ApiError` 400 saying what to fix.
+
+    The body is checked with the workers' own schema (:mod:`protocol.openai_requests`), so
+    a body admitted here is a body a worker accepts; the plan's limits come on top.
+    """
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required: name a model from GET /v1/models.", param="model")
-    text = _chat_text(body) if chat else _prompt_text(body)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false.", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
-    wants_usage = bool(stream and options and options.get("include_usage"))
-    continuous = wants_usage and bool(options and options.get("continuous_usage_stats"))
-    choices = _choices(body)
-    max_tokens = _max_tokens(body, plan, chat=chat)
+    try:
+        request = validate(ChatCompletionRequest if chat else CompletionRequest, body)
+    except RequestError as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+    max_tokens = _max_tokens(request, plan, chat=chat)
+    if chat:
+        text = "".join(_text(message.get("content")) for message in body["messages"])
+    else:
+        text = _text(body["prompt"])
     estimate = len(text) // _CHARS_PER_TOKEN + 1
     if estimate + max_tokens > plan.max_context:
         raise ApiError(
@@ -124,61 +127,39 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
             code="context_length_exceeded",
         )
     return Inbound(
-        chat, body, model, stream, wants_usage, continuous, max_tokens, estimate, choices
+        chat,
+        body,
+        request.model,
+        request.stream,
+        request.stream and request.include_usage,
+        request.stream and request.continuous_usage,
+        max_tokens,
+        estimate,
+        request.n,
     )
 
 
-def _choices(body: dict[str, Any]) -> int:
-    """``n``, checked here because admission multiplies the reservation by it."""
-    value = body.get("n")
-    if value is None:
-        return 1
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHOICES:
-        raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}.", param="n")
-    return value
-
-
-def _max_tokens(body: dict[str, Any], plan: Plan, *, chat: bool) -> int:
+def _max_tokens(
+    request: ChatCompletionRequest | CompletionRequest, plan: Plan, *, chat: bool
+) -> int:
     """The completion cap: the client's, checked against the plan, else the default.
 
-    With none given, a text completion gets OpenAI's 16 tokens and a chat completion the
-    plan's most.
+    With none given, a text completion gets OpenAI's 16 tokens (the schema's default) and a
+    chat completion the plan's most.
     """
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    value = body.get(name)
+    value = request.requested_max_tokens()
+    name = "max_completion_tokens" if chat and request.max_completion_tokens else "max_tokens"
     if value is None:
-        if chat:
-            return plan.max_max_tokens
-        return min(COMPLETIONS_DEFAULT_MAX_TOKENS, plan.max_max_tokens)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ApiError(400, f"'{name}' must be a positive integer.", param=name)
+        return plan.max_max_tokens
     if value > plan.max_max_tokens:
+        if not chat and "max_tokens" not in request.model_fields_set:
+            return plan.max_max_tokens  # the schema's default, not the client's ask
         raise ApiError(
             400,
             f"'{name}' is {value}; your plan allows at most {plan.max_max_tokens}.",
             param=name,
         )
     return value
-
-
-def _chat_text(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
-    if not all(isinstance(m, dict) for m in messages):
-        raise ApiError(
-            400, "Each message must be an object with role and content.", param="messages"
-        )
-    return "".join(_text(m.get("content")) for m in messages)
-
-
-def _prompt_text(body: dict[str, Any]) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt:
-        return _text(prompt)
-    raise ApiError(400, "'prompt' must be a string or a non-empty list.", param="prompt")
 
 
 def _text(content: Any) -> str:

@@ -18,8 +18,7 @@ import aiohttp
 import orjson
 
 from protocol.openai_errors import error_body
-
-_DONE = b"data: [DONE]\n\n"
+from protocol.streaming import DONE, sse
 
 
 class UpstreamUnavailable(Exception):
@@ -202,7 +201,7 @@ async def relay(
         events, _, pending = pending.rpartition(b"\n\n")
         if events:
             out = _filter(events + b"\n\n", wanted, outcome)
-            outcome.complete = outcome.complete or _DONE in out
+            outcome.complete = outcome.complete or DONE in out
             if out:
                 if outcome.first_token_at is None:
                     outcome.first_token_at = time.perf_counter()
@@ -265,4 +264,4 @@ def _filter(events: bytes, wanted: UsageWanted, outcome: Outcome) -> bytes:
 
 def _error_event(message: str) -> bytes:
     body = error_body(502, message, code="upstream_error")
-    return b"data: " + orjson.dumps(body) + b"\n\n" + _DONE
+    return sse(body) + DONE

@@ -33,10 +33,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="forbid", populate_by_name=True)
 
-    # --- local state -------------------------------------------------------------------
+    # --- local state -----------------------------------------------------------------------------
     home: Path = Field(Path(".kvgate"), description="Directory holding all local state.")
 
-    # --- Postgres ----------------------------------------------------------------------
+    # --- Postgres --------------------------------------------------------------------------------
     database_url: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("DATABASE_URL", "KVGATE_DATABASE_URL", "database_url"),
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     db_pool_min: int = Field(1, ge=0, description="Minimum connections per asyncpg pool.")
     db_pool_max: int = Field(10, ge=1, description="Maximum connections per asyncpg pool.")
 
-    # --- object store (S3) -------------------------------------------------------------
+    # --- object store (S3) -----------------------------------------------------------------------
     s3_endpoint: str | None = Field(
         None,
         validation_alias=AliasChoices("KVGATE_S3_ENDPOINT", "AWS_ENDPOINT_URL", "s3_endpoint"),
@@ -67,12 +67,12 @@ class Settings(BaseSettings):
     s3_bucket: str = Field("kvgate", description="Bucket holding KV blocks (L4).")
     s3_prefix: str = Field("kv/", description="Key prefix inside the bucket.")
 
-    # --- NAS (L3) ------------------------------------------------------------------------
+    # --- NAS (L3) --------------------------------------------------------------------------------
     nas_path: Path | None = Field(
         None, description="NAS directory (an NFS mount in production); default $KVGATE_HOME/nas."
     )
 
-    # --- KV tiering: host RAM, NAS, object store, tierd (TIERING) ------------------------------
+    # --- KV tiering: host RAM, NAS, object store, tierd ------------------------------------------
     tier_host_bytes: int = Field(1 << 30, ge=0, description="Host-RAM (L2) KV budget in bytes.")
     tier_write_queue_pages: int = Field(
         4096, gt=0, description="Evicted pages waiting for the NAS; beyond this they are dropped."
@@ -113,7 +113,7 @@ class Settings(BaseSettings):
         600.0, ge=0, description="Age before tierd deletes a block that has no ledger row."
     )
 
-    # --- gateway (GATEWAY) ------------------------------------------------------------------
+    # --- gateway ---------------------------------------------------------------------------------
     gateway_trusted_proxies: list[str] = Field(
         default_factory=list,
         description='CIDRs whose X-Forwarded-For is believed (JSON list, e.g. ["10.0.0.0/8"]).',
@@ -137,12 +137,12 @@ class Settings(BaseSettings):
         600.0, gt=0, description="Longest a worker may take to answer one request."
     )
 
-    # --- processes started by `kvgate up` ---------------------------------------------------
+    # --- processes started by `kvgate up` --------------------------------------------------------
     bind_host: str = Field("127.0.0.1", description="Address the gateway and worker bind to.")
     gateway_port: int = Field(8000, description="Gateway HTTP port.")
     worker_port: int = Field(30000, description="Built-in worker HTTP port.")
 
-    # --- the built-in worker, `kvgate worker` (WORKER SERVER) ----------------------------------
+    # --- the built-in worker, `kvgate worker` ---------------------------------------------------
     worker_model: str | None = Field(
         None,
         description="GGUF file, safetensors directory, `tiny-random` or `random:<preset>` "
@@ -175,14 +175,14 @@ class Settings(BaseSettings):
         True, description="Spill evicted KV pages down host RAM -> NAS -> S3 and fetch them back."
     )
 
-    # --- SGLang workers (SGLANG) ---------------------------------------------------------------
+    # --- SGLang workers --------------------------------------------------------------------------
     sglang_python: str | None = Field(
         None,
         description="Python interpreter that has sglang installed, for `kvgate worker "
         "--engine sglang`; unset means the one running kvgate.",
     )
 
-    # --- billing/accounts: console sign-in, email, Stripe (ACCOUNTS) ----------------------------
+    # --- billing/accounts: console sign-in, email, Stripe ----------------------------------------
     public_base_url: str = Field(
         "http://127.0.0.1:8000",
         description="Where browsers reach the gateway: email links use it; https:// makes "
@@ -222,7 +222,7 @@ class Settings(BaseSettings):
         3.0, ge=0, description="Days a team keeps paid limits after a failed payment."
     )
 
-    # --- public site, contact sales and /admin (SITE) ------------------------------------------
+    # --- public site, contact sales and /admin ---------------------------------------------------
     sales_email: str = Field(
         "sales@localhost", description="Where new contact-sales leads are notified by email."
     )
@@ -241,7 +241,7 @@ class Settings(BaseSettings):
         "docs/benchmarks.",
     )
 
-    # --- the `kvgate up` supervisor (FOUNDATION) ------------------------------------------
+    # --- the `kvgate up` supervisor --------------------------------------------------------------
     ready_timeout: float = Field(
         120.0, gt=0, description="Seconds `kvgate up` waits for each part to answer its probe."
     )
@@ -261,7 +261,7 @@ class Settings(BaseSettings):
         toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file())
         return (init_settings, env_settings, toml)
 
-    # --- derived paths ------------------------------------------------------------------------
+    # --- derived paths ---------------------------------------------------------------------------
     @property
     def pg_dir(self) -> Path:
         """Embedded PostgreSQL data directory."""

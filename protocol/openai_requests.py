@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints, validated before anything runs.
 
 Both the gateway (which inspects and rewrites bodies before proxying) and the workers
-(which serve them) parse requests with these models, so a body the gateway accepts is a
-body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling extras
+(which serve them) validate requests with these models (:func:`validate`), so a body the
+gateway accepts is a body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling extras
 (``min_tokens``, ``top_k``, ``stop_token_ids``, ``ignore_eos``) and the cache-salt fields
 of :mod:`protocol.fields`. Unknown fields are ignored, as OpenAI-compatible servers do;
 parameters we cannot honour (``n`` > 1, ``logprobs``) are rejected rather than ignored so
@@ -17,7 +17,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 #: Upper bound on any token count a client may ask for; anything above is a typo or abuse.
 #: The real limit (the model's context) is checked by the server once the prompt is known.
@@ -84,11 +93,11 @@ class StreamOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
-TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+TokenCount = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 
 
 class _SamplingRequest(BaseModel):
@@ -101,16 +110,16 @@ class _SamplingRequest(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
-    n: int = 1
+    n: StrictInt = 1
     user: str | None = None
     # SGLang extras
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)
     top_k: int = Field(0, ge=-1)  # 0 and -1 (SGLang's spelling) both mean "off"
     stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     extra_key: str | None = None
     cache_salt: str | None = None
 
@@ -177,7 +186,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = None
 
     @model_validator(mode="after")
@@ -197,7 +206,7 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: TokenCount | None = 16  # OpenAI's default for text completions
     logprobs: int | None = None
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -248,6 +257,15 @@ def parse_body(model: type[M], body: bytes) -> M:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
+    return validate(model, data)
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    """``data`` (a parsed JSON object) as ``model``; :class:`RequestError` says what is wrong.
+
+    Booleans must be JSON booleans: ``"yes"`` or ``1`` for ``stream`` is a mistake to
+    report, not a value to guess at.
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks and benchmarks that need a CUDA GPU, in one run (CI has no GPU):
-#   1. tests/test_engine_cuda.py: the engine against transformers on the GPU, seeded sampling,
+#   1. tests/workers/engine/test_cuda.py: the engine against transformers on the GPU, seeded sampling,
 #      KV restored from host RAM and the NAS bit for bit (fp32 and bf16);
 #   2. `kvgate bench engine` on an 8B-sized random Llama in bf16, transformers beside it;
 #   3. `kvgate bench multiturn --compare --quick` on that model (recompute, host, nas: no
@@ -37,7 +37,7 @@ step() {  # step SECONDS NAME COMMAND...
 
 [ -n "${GPU_EXTRA:-}" ] && step "${GPU_EXTRA_S:-60}" "$GPU_EXTRA" python3 "$GPU_EXTRA"
 step "${GPU_TEST_S:-120}" tests python3 -m pytest -q -p no:cacheprovider -o addopts= \
-    tests/test_engine_cuda.py
+    tests/workers/engine/test_cuda.py
 # an 8 GiB KV pool (65k tokens of an 8B model): the default 256 MiB holds no 2048-token prefill
 KVGATE_WORKER_MODEL=$MODEL KVGATE_WORKER_KV_POOL_BYTES=$((8 << 30)) \
     step "${GPU_ENGINE_S:-150}" "bench engine" \

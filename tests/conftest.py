@@ -19,14 +19,14 @@ import asyncpg
 import httpx
 import pytest
 
-from kvgate.services.postgres import create_pool, database
-from kvgate.services.seaweed import S3Endpoint, seaweed_s3
+from kvgate.stack.postgres import create_pool, database
+from kvgate.stack.seaweed import S3Endpoint, seaweed_s3
 from migrations import runner
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
-    from stripe_stub import RecordingStripe
 
+    from tests.support.stripe_stub import RecordingStripe
     from workers.engine.engine import TorchEngine
 
 
@@ -85,7 +85,7 @@ TEST_MODELS_DIR = Path(__file__).resolve().parent.parent / ".kvgate" / "test-cac
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The verified SmolLM2-135M-Instruct GGUF, downloaded once into the persistent test cache."""
-    from kvgate.models import ensure_model
+    from kvgate.models.registry import ensure_model
 
     return ensure_model(TEST_MODELS_DIR, "smollm2-135m-instruct")
 
@@ -95,7 +95,7 @@ def stripe_account() -> RecordingStripe:
     """The session's Stripe account: a recording stub with our meters. Reconcile checks
     every team with a Stripe customer in the shared database, so every test that reports
     usage from it reports to this one account."""
-    from billing_support import meter_account
+    from tests.support.billing import meter_account
 
     return meter_account()
 
@@ -104,7 +104,7 @@ def stripe_account() -> RecordingStripe:
 def worker_engine() -> Iterator[TorchEngine]:
     """The tiny random Llama engine (4 MiB of KV) behind :func:`worker_client`: one per test
     module, so that what one module leaves in its cache cannot move another's counts."""
-    from worker_support import tiny_engine
+    from tests.support.worker import tiny_engine
 
     engine = tiny_engine(kv_pool_bytes=4 * 2**20)
     yield engine
@@ -114,7 +114,7 @@ def worker_engine() -> Iterator[TorchEngine]:
 @pytest.fixture(scope="module")
 def worker_asgi_app(worker_engine: TorchEngine, smollm2_gguf: Path) -> Starlette:
     """The real worker app over :func:`worker_engine` (SmolLM2's tokenizer and template)."""
-    from worker_support import worker_app
+    from tests.support.worker import worker_app
 
     return worker_app(worker_engine, smollm2_gguf)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protocol.tiers import TierName
+
 #: Transfers smaller than this mostly measure latency, larger ones mostly bandwidth.
 _LATENCY_BYTES = 64 << 10
 
@@ -21,17 +23,17 @@ class CostConfig:
 
     alpha: float = 0.2
     prior_latency_s: dict[str, float] = field(
-        default_factory=lambda: {"host": 20e-6, "nas": 2e-3, "object": 20e-3}
+        default_factory=lambda: {TierName.HOST: 20e-6, TierName.NAS: 2e-3, TierName.OBJECT: 20e-3}
     )
     prior_bytes_per_s: dict[str, float] = field(
-        default_factory=lambda: {"host": 5e9, "nas": 500e6, "object": 100e6}
+        default_factory=lambda: {TierName.HOST: 5e9, TierName.NAS: 500e6, TierName.OBJECT: 100e6}
     )
     prior_prefill_tokens_per_s: float = 2000.0
     #: a fetch must be predicted at least this many times faster than recompute
     margin: float = 1.0
     #: hard per-tier deadlines (seconds) for one fetch, whatever the model predicts
     deadline_s: dict[str, float] = field(
-        default_factory=lambda: {"host": 1.0, "nas": 2.0, "object": 5.0}
+        default_factory=lambda: {TierName.HOST: 1.0, TierName.NAS: 2.0, TierName.OBJECT: 5.0}
     )
 
 
@@ -95,7 +97,9 @@ class CostModel:
             while j < len(plan) and plan[j] == tier:
                 j += 1
             n = j - i
-            if tier != "host" and not self.should_fetch(tier, n * page_bytes, n * tokens_per_page):
+            if tier != TierName.HOST and not self.should_fetch(
+                tier, n * page_bytes, n * tokens_per_page
+            ):
                 return plan[:i]
             i = j
         return plan

@@ -91,3 +91,35 @@ def page_keys(seed: bytes, token_ids: Sequence[int] | np.ndarray, page_size: int
         prev = h.digest()
         out.append(prev)
     return out
+
+
+def chain_keys(items: list[tuple[bytes, tuple[int, ...]]], page_size: int) -> list[bytes]:
+    """The key of each ``(namespace digest, token chain)``'s last page.
+
+    Evictions arrive as whole chains; pages of one sequence share their prefix, so each
+    chain continues from the longest already-keyed chain it extends instead of rehashing
+    from the first token (256 pages of one conversation cost 256 hashes, not 32,896).
+    """
+    out: list[bytes | None] = [None] * len(items)
+    done: dict[tuple[bytes, int], tuple[tuple[int, ...], bytes]] = {}
+    for i in sorted(range(len(items)), key=lambda j: len(items[j][1])):
+        seed, chain = items[i]
+        prev_len, prev_key = 0, seed
+        for n in range(len(chain) - page_size, 0, -page_size):
+            hit = done.get((seed, n))
+            if hit is not None and hit[0] == chain[:n]:
+                prev_len, prev_key = n, hit[1]
+                break
+        key = page_keys(prev_key, chain[prev_len:], page_size)[-1]
+        done[(seed, len(chain))] = (chain, key)
+        out[i] = key
+    return out  # type: ignore[return-value]
+
+
+def compute_tag(dtype: str, device_type: str) -> str:
+    """How an engine on ``device_type`` computing in ``dtype`` makes its KV: ``float32@cpu``,
+    the value of :attr:`Namespace.compute`.
+
+    Only the device type counts (``cuda:1`` and ``cuda:0`` run the same kernels).
+    """
+    return f"{dtype}@{device_type}"

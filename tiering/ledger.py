@@ -16,10 +16,11 @@ from datetime import datetime
 
 import asyncpg
 
+from protocol.tiers import LEDGER_BITS, TierName
+
 #: Tier bits in ``kv_ledger.tiers``.
-NAS = 1
-OBJECT = 2
-TIER_BITS: dict[str, int] = {"nas": NAS, "object": OBJECT}
+NAS = LEDGER_BITS[TierName.NAS]
+OBJECT = LEDGER_BITS[TierName.OBJECT]
 
 
 @dataclass(frozen=True)

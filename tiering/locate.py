@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from protocol.tiers import TierName
 from tiering.failures import FailureLog
 from tiering.ledger import NAS, OBJECT, Ledger
 from tiering.tiers.base import Tier
@@ -38,7 +39,7 @@ class Locator:
     async def lookup(self, namespace: bytes, keys: Sequence[bytes]) -> list[str]:
         """The tier holding each page of the longest prefix of ``keys`` found anywhere."""
         n_host = self.host.prefix_now(keys)
-        plan = ["host"] * n_host
+        plan = [TierName.HOST] * n_host
         rest = keys[n_host:]
         if not rest or len(self.tiers) == 1:
             return plan
@@ -48,7 +49,7 @@ class Locator:
         if n_still < n_host:
             return plan[:n_still]
         for key, tier in zip(rest, lower, strict=False):
-            plan.append("host" if key in self.host else tier)
+            plan.append(TierName.HOST if key in self.host else tier)
         return plan
 
     async def _lower_prefix(self, namespace: bytes, keys: Sequence[bytes]) -> list[str]:
@@ -60,19 +61,19 @@ class Locator:
             else:
                 usable = []
                 for b in bits:
-                    if b & NAS and "nas" in self.tiers:
-                        usable.append("nas")
-                    elif b & OBJECT and "object" in self.tiers:
-                        usable.append("object")
+                    if b & NAS and TierName.NAS in self.tiers:
+                        usable.append(TierName.NAS)
+                    elif b & OBJECT and TierName.OBJECT in self.tiers:
+                        usable.append(TierName.OBJECT)
                     else:
                         break
                 return usable
-        nas = self.tiers.get("nas")
+        nas = self.tiers.get(TierName.NAS)
         if nas is None:
             return []
         try:
             n = await asyncio.wait_for(nas.longest_prefix(keys), self.timeout_s)
         except Exception as exc:
-            self.failures.record("nas", "lookup", exc)
+            self.failures.record(TierName.NAS, "lookup", exc)
             return []
-        return ["nas"] * n
+        return [TierName.NAS] * n

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from protocol.tiers import TierName
 from tiering.codec import Block
 from tiering.cost import CostModel
 from tiering.early_read import EarlyRead
@@ -32,9 +33,6 @@ from tiering.tiers.base import Answers, Tier
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasTier
 from tiering.write_behind import WriteBehind
-
-#: Tiers in ladder order below the device.
-LOWER_TIERS: tuple[str, ...] = ("host", "nas", "object")
 
 
 @dataclass(frozen=True)
@@ -82,11 +80,11 @@ class TieredStore:
     ) -> None:
         """``resources`` (pools, clients the tiers use) are closed by :meth:`close`."""
         self.host = host
-        self.tiers: dict[str, Tier] = {"host": host}
+        self.tiers: dict[str, Tier] = {TierName.HOST: host}
         if nas is not None:
-            self.tiers["nas"] = nas
+            self.tiers[TierName.NAS] = nas
         if obj is not None:
-            self.tiers["object"] = obj
+            self.tiers[TierName.OBJECT] = obj
         self.ledger = ledger
         self.cost = cost or CostModel()
         self.config = config or StoreConfig()
@@ -210,7 +208,7 @@ class TieredStore:
         plan = self.cost.worth_fetching(found, tokens_per_page, page_bytes)
         if len(plan) < len(found):
             self.counters[f"skipped_{found[len(plan)]}"] += len(found) - len(plan)
-        if early is not None and "nas" not in plan and into is None:
+        if early is not None and TierName.NAS not in plan and into is None:
             early.cancel()
             early = None
         if not plan:
@@ -220,7 +218,7 @@ class TieredStore:
         got: list[Block | Landed | None] = [None] * len(plan)
         runs: dict[str, list[int]] = {}
         for i, tier in enumerate(plan):
-            if tier == "host":  # RAM needs neither a task nor a deadline
+            if tier == TierName.HOST:  # RAM needs neither a task nor a deadline
                 block = self.host.get_now(keys[i])
                 got[i] = block if into is None or block is None else into.fill(i, block)
             else:
@@ -228,7 +226,7 @@ class TieredStore:
         results = await asyncio.gather(
             *(
                 early.pick(idx)
-                if t == "nas" and early is not None
+                if t == TierName.NAS and early is not None
                 else self._read_tier(t, keys, idx, tokens_per_page, into)
                 for t, idx in runs.items()
             )
@@ -249,8 +247,8 @@ class TieredStore:
                 for i, a in zip(idx, answers, strict=True)
                 if a is None or a is Landed.MISSING
             ]
-            nas = self.tiers.get("nas")
-            if missing and tier == "nas" and early is not None and isinstance(nas, NasTier):
+            nas = self.tiers.get(TierName.NAS)
+            if missing and tier == TierName.NAS and early is not None and isinstance(nas, NasTier):
                 # The early read looked before the ledger answered: a page written and
                 # recorded in between (write-behind) was absent then and is not lost.
                 missing = await nas.absent(missing)
@@ -278,10 +276,10 @@ class TieredStore:
                 if answer.namespace != namespace:
                     break
                 out.blocks.append(answer)
-                if tier != "host":  # promotion: the next turn finds it in RAM
+                if tier != TierName.HOST:  # promotion: the next turn finds it in RAM
                     self.host.put_now(answer, owned=True)
             elif not answer and i in landed_early:
-                tier = "nas"
+                tier = TierName.NAS
             elif not answer:
                 break
             out.tiers.append(tier)
@@ -293,14 +291,14 @@ class TieredStore:
         """Start reading the NAS past the host prefix while the ledger is still answering
         (see :mod:`tiering.early_read`). A page the ledger places elsewhere costs one failed
         open (and counts as a NAS miss)."""
-        if "nas" not in self.tiers or self.ledger is None:
+        if TierName.NAS not in self.tiers or self.ledger is None:
             return None
         start = self.host.prefix_now(keys)
         n = len(keys) - start
-        if n == 0 or not self.cost.should_fetch("nas", n * page_bytes, n * tokens_per_page):
+        if n == 0 or not self.cost.should_fetch(TierName.NAS, n * page_bytes, n * tokens_per_page):
             return None
         idx = list(range(start, len(keys)))
-        task = asyncio.create_task(self._read_tier("nas", keys, idx, tokens_per_page, into))
+        task = asyncio.create_task(self._read_tier(TierName.NAS, keys, idx, tokens_per_page, into))
         return EarlyRead(start, task)
 
     async def _read_tier(
@@ -347,7 +345,7 @@ class TieredStore:
             return
         try:
             await asyncio.wait_for(
-                self.ledger.drop(keys, NAS if tier == "nas" else OBJECT),
+                self.ledger.drop(keys, NAS if tier == TierName.NAS else OBJECT),
                 self.config.ledger_timeout_s,
             )
         except Exception as exc:

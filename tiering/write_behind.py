@@ -12,6 +12,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Sequence
 
+from protocol.tiers import TierName
 from tiering.codec import Block, encode_header
 from tiering.failures import FailureLog
 from tiering.ledger import NAS, Entry, Ledger
@@ -80,7 +81,7 @@ class WriteBehind:
             await self.nas.put_many(batch)
         except Exception as exc:  # read-only or full NAS: the pages stay in host RAM only
             self.counters["write_failed"] += len(batch)
-            self.failures.record("nas", "write", exc)
+            self.failures.record(TierName.NAS, "write", exc)
             return
         self.counters["written"] += len(batch)
         if self.ledger is None:

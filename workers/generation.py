@@ -12,7 +12,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workers.engine.api import TIERS, TokenEvent
+from protocol.tiers import TIERS
+from workers.engine.api import TokenEvent
 from workers.metrics import ServerMetrics
 from workers.stop_strings import StopScanner
 

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.engine.api import TIERS, Engine, TokenEvent
+from protocol.tiers import TIERS
+from workers.engine.api import Engine, TokenEvent
 from workers.tier_metrics import TierCollector, TierStatsSource
 
 #: Seconds of history behind the tokens/s gauges.

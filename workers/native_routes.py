@@ -18,9 +18,10 @@ from starlette.routing import Route
 from protocol.disconnect import until_disconnect
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import MAX_TOKENS_LIMIT, check_seed, parse_body
+from protocol.streaming import DONE, sse
 from workers.context import WorkerContext, request_id
 from workers.generation import TextDelta, collect
-from workers.streaming import DONE, sse, sse_response, started
+from workers.streaming import sse_response, started
 
 
 class NativeSamplingParams(BaseModel):

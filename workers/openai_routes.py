@@ -19,9 +19,10 @@ from protocol.openai_requests import (
     RequestError,
     parse_body,
 )
+from protocol.streaming import DONE, sse
 from workers.context import WorkerContext, request_id
 from workers.generation import TextDelta, collect
-from workers.streaming import DONE, sse, sse_response, started
+from workers.streaming import sse_response, started
 
 #: OpenAI object names of the two kinds of completion.
 _CHAT, _TEXT = "chat.completion", "text_completion"

@@ -13,12 +13,12 @@ from starlette.responses import JSONResponse, Response
 
 from protocol.openai_errors import error_body
 from protocol.openai_requests import RequestError
-from workers.admin_routes import admin_routes
 from workers.context import ChatTemplate, ServerConfig, TextTokenizer, WorkerContext
 from workers.engine.api import Engine
 from workers.metrics import ServerMetrics
 from workers.native_routes import native_routes
 from workers.openai_routes import openai_routes
+from workers.ops_routes import ops_routes
 
 
 def create_app(
@@ -37,7 +37,7 @@ def create_app(
         metrics=ServerMetrics(engine, config.tier_stats),
     )
     return Starlette(
-        routes=[*openai_routes(ctx), *native_routes(ctx), *admin_routes(ctx)],
+        routes=[*openai_routes(ctx), *native_routes(ctx), *ops_routes(ctx)],
         exception_handlers={
             RequestError: _request_error,
             HTTPException: _http_error,

@@ -1,51 +1,26 @@
-"""Server-sent events and client-disconnect handling shared by all generating routes.
+"""Streaming a generation to a client, and noticing when the client has gone.
 
-Streaming responses are cancelled by Starlette when the client disconnects; that
-cancellation closes the generation and so aborts the engine request. A non-streaming
+A streamed response is a :class:`protocol.streaming.HangupAwareStream`: a disconnect
+cancels it and closes the generation, which aborts the engine request. A non-streaming
 response, or a stream before its first token, has nothing to send meanwhile, so
 :func:`protocol.disconnect.until_disconnect` watches the connection itself.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from protocol.disconnect import until_disconnect
 from protocol.openai_errors import error_body
 from protocol.openai_requests import RequestError
+from protocol.streaming import DONE, HangupAwareStream, sse
 
 T = TypeVar("T")
-
-#: The last event of every OpenAI-style stream.
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    """One ``data:`` event carrying ``payload`` as JSON."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
-
-
-class _ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its body iterator when it ends, however it ends.
-
-    Starlette leaves an iterator it stopped early (client gone) to the garbage collector;
-    closing it here aborts the engine request at once and deterministically.
-    """
-
-    body_iterator: AsyncGenerator[bytes, None]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
 
 
 def sse_response(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> StreamingResponse:
@@ -64,7 +39,7 @@ def sse_response(events: AsyncGenerator[bytes, None], headers: dict[str, str]) -
                 yield sse(error_body(500, f"generation failed: {exc}"))
                 yield DONE
 
-    return _ClosingStreamingResponse(
+    return HangupAwareStream(
         guarded(),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from protocol.metric_names import TIER_FAILURES, TIER_PREFIX, TIER_STORE_EVENTS, TIER_WRITE_QUEUE
 from tiering.tiers.base import TierStats
 
 #: TierStats fields that are levels, not running totals.
@@ -33,7 +34,7 @@ class TierCollector(Collector):
         tiers: Mapping[str, TierStats] = snapshot.get("tiers", {})
         fields = [f.name for f in dataclasses.fields(TierStats) if f.name != "name"]
         for field in fields:
-            name = f"kvgate_worker_tier_{field}"
+            name = TIER_PREFIX + field
             doc = f"KV tier {field.replace('_', ' ')}, per tier."
             family = (
                 GaugeMetricFamily(name, doc, labels=["tier"])
@@ -44,7 +45,7 @@ class TierCollector(Collector):
                 family.add_metric([tier], getattr(stats, field))
             yield family
         events = CounterMetricFamily(
-            "kvgate_worker_tier_store_events",
+            TIER_STORE_EVENTS,
             "Tiered-store events (writes, hits, misses, drops).",
             labels=["event"],
         )
@@ -52,7 +53,7 @@ class TierCollector(Collector):
             events.add_metric([event], count)
         yield events
         failures = CounterMetricFamily(
-            "kvgate_worker_tier_failures",
+            TIER_FAILURES,
             "Tier operations that failed and became misses.",
             labels=["tier", "kind"],
         )
@@ -61,7 +62,7 @@ class TierCollector(Collector):
             failures.add_metric([tier, kind], count)
         yield failures
         yield GaugeMetricFamily(
-            "kvgate_worker_tier_write_queue_pages",
+            TIER_WRITE_QUEUE,
             "Evicted pages not yet written behind to the NAS (queued or being written).",
             value=snapshot.get("write_queue", 0),
         )

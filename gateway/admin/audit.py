@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from gateway.web.sessions import SessionUser
+from gateway.pages.sessions import SessionUser
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.admin import audit
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.pages.kit import PageKit
+from gateway.pages.sessions import SessionUser
 
 
 class AuditViews:
     """The audit page (called with the signed-in staff user)."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: PageKit) -> None:
         self.site = site
 
     async def page(self, request: Request, user: SessionUser) -> Response:

@@ -13,9 +13,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.web.csrf import Handler
-from gateway.web.sessions import SessionUser
-from gateway.web.site import LoginRequired, Site, login_redirect
+from gateway.pages.csrf import Handler
+from gateway.pages.kit import LoginRequired, PageKit, login_redirect
+from gateway.pages.sessions import SessionUser
 
 StaffHandler = Callable[[Request, SessionUser], Awaitable[Response]]
 
@@ -25,7 +25,7 @@ async def is_staff(db: Any, user_id: int) -> bool:
     return bool(await db.fetchval("SELECT is_staff FROM users WHERE id = $1", user_id))
 
 
-def staff_only(site: Site, handler: StaffHandler) -> Handler:
+def staff_only(site: PageKit, handler: StaffHandler) -> Handler:
     """``handler`` called with the signed-in staff user; others never reach it."""
 
     @functools.wraps(handler)

@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from gateway.admin import audit, pipeline
-from gateway.site.config import SiteConfig
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site, text_field
+from gateway.pages.kit import PageKit, text_field
+from gateway.pages.sessions import SessionUser
+from gateway.public.config import SiteConfig
 
 
 def _cell(value: object) -> object:
@@ -37,7 +37,7 @@ def _filters(params: QueryParams) -> pipeline.Filters:
 class LeadViews:
     """Handlers of the leads pages (each called with the signed-in staff user)."""
 
-    def __init__(self, site: Site, config: SiteConfig) -> None:
+    def __init__(self, site: PageKit, config: SiteConfig) -> None:
         self.site = site
         self.config = config
 

@@ -11,23 +11,23 @@ from gateway.admin.guard import StaffHandler, staff_only
 from gateway.admin.leads_views import LeadViews
 from gateway.admin.teams_views import TeamViews
 from gateway.admin.tiers_views import TierViews
-from gateway.admin.usage_views import UsageViews
-from gateway.site.config import SiteConfig
-from gateway.web.csrf import Handler
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.admin.usage_views import PlanUsageViews
+from gateway.pages.csrf import Handler
+from gateway.pages.kit import PageKit
+from gateway.pages.sessions import SessionUser
+from gateway.public.config import SiteConfig
 
 
 async def _home(request: Request, user: SessionUser) -> Response:
     return RedirectResponse("/admin/leads", status_code=303)
 
 
-def admin_routes(site: Site, config: SiteConfig, worker_timeout_s: float) -> list[BaseRoute]:
+def admin_routes(site: PageKit, config: SiteConfig, worker_timeout_s: float) -> list[BaseRoute]:
     """Routes of the staff dashboard over ``site`` (templates, CSRF, database)."""
     leads = LeadViews(site, config)
     teams = TeamViews(site)
     tiers = TierViews(site, config, worker_timeout_s)
-    usage = UsageViews(site)
+    usage = PlanUsageViews(site)
     audit = AuditViews(site)
 
     def page(handler: StaffHandler) -> Handler:

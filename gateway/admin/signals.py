@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway.site.leads import MONTHLY_TOKENS, TEAM_SIZES
+from gateway.public.leads import MONTHLY_TOKENS, TEAM_SIZES
 
 #: Domains shared by unrelated people: never matched to a lead's company.
 PUBLIC_MAIL_DOMAINS = (

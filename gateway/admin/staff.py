@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.web import passwords
-from gateway.web.users import normalize_email
+from gateway.pages import passwords
+from gateway.pages.users import normalize_email
 
 
 class StaffError(ValueError):

@@ -33,17 +33,6 @@ class TeamRow:
     suspended_at: datetime | None
 
 
-@dataclass(frozen=True)
-class KeyRow:
-    """A team's key as staff see it (never the secret)."""
-
-    id: int
-    name: str
-    prefix: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-
 _TEAMS = """
     SELECT t.id, t.name, t.plan, t.created_at,
            (SELECT count(*) FROM memberships m WHERE m.team_id = t.id),
@@ -58,7 +47,7 @@ _TEAMS = """
 """
 
 
-async def list_teams(db: Any, q: str = "") -> list[TeamRow]:
+async def search_teams(db: Any, q: str = "") -> list[TeamRow]:
     """Teams whose name contains ``q``, biggest users first (at most 500)."""
     rows = await db.fetch(
         _TEAMS + " WHERE $1 = '' OR t.name ILIKE '%' || $1 || '%' "
@@ -72,16 +61,6 @@ async def get_team(db: Any, team_id: int) -> TeamRow | None:
     """Team ``team_id``, or None."""
     row = await db.fetchrow(_TEAMS + " WHERE t.id = $1", team_id)
     return None if row is None else TeamRow(*row)
-
-
-async def keys(db: Any, team_id: int) -> list[KeyRow]:
-    """The team's keys, newest first."""
-    rows = await db.fetch(
-        "SELECT id, name, prefix, created_at, revoked_at FROM api_keys WHERE team_id = $1 "
-        "ORDER BY id DESC",
-        team_id,
-    )
-    return [KeyRow(*r) for r in rows]
 
 
 async def suspend(conn: Any, team_id: int, by: int | None, reason: str) -> list[int]:

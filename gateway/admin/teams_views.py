@@ -5,21 +5,22 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
+from gateway import accounts
 from gateway.admin import audit, teams
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site, text_field
+from gateway.pages.kit import PageKit, text_field
+from gateway.pages.sessions import SessionUser
 
 
 class TeamViews:
     """Handlers of the teams pages (each called with the signed-in staff user)."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: PageKit) -> None:
         self.site = site
 
     async def list(self, request: Request, user: SessionUser) -> Response:
         """Teams, biggest users of the last 30 days first."""
         q = request.query_params.get("q", "").strip()
-        rows = await teams.list_teams(self.site.db, q)
+        rows = await teams.search_teams(self.site.db, q)
         return self.site.render(request, "admin/teams.html", user=user, teams=rows, q=q)
 
     async def detail(self, request: Request, user: SessionUser, error: str = "") -> Response:
@@ -34,7 +35,7 @@ class TeamViews:
             400 if error else 200,
             user=user,
             team=team,
-            keys=await teams.keys(self.site.db, team_id),
+            keys=await accounts.team_keys(self.site.db, team_id),
             history=await audit.recent(self.site.db, 50, f"team:{team_id}"),
             error=error,
         )

@@ -18,13 +18,12 @@ from starlette.responses import Response
 
 from gateway.admin import worker_metrics
 from gateway.admin.worker_metrics import Scrape, TierFigures
-from gateway.site.config import SiteConfig
-from gateway.web.charts import Line, line_chart
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.pages.charts import Line, line_chart
+from gateway.pages.kit import PageKit
+from gateway.pages.sessions import SessionUser
+from gateway.public.config import SiteConfig
+from protocol.tiers import LEDGER_BITS
 
-#: ``kv_ledger.tiers`` bits (see migrations/0002_kv_ledger.sql).
-LEDGER_TIERS = {"nas": 1, "object": 2}
 #: The pseudo worker id of samples taken from the ledger.
 LEDGER = "(ledger)"
 CHART_HOURS = 6
@@ -64,7 +63,7 @@ _PER_TIER = (
 )
 _LEDGER_SQL = (
     "SELECT "
-    + ", ".join(_PER_TIER.format(bit=bit) for bit in LEDGER_TIERS.values())
+    + ", ".join(_PER_TIER.format(bit=bit) for bit in LEDGER_BITS.values())
     + " FROM kv_ledger"
 )
 
@@ -74,7 +73,7 @@ async def ledger_tiers(db: Any) -> list[LedgerTier]:
     row = await db.fetchrow(_LEDGER_SQL)
     return [
         LedgerTier(tier, row[3 * i], int(row[3 * i + 1]), int(row[3 * i + 2]))
-        for i, tier in enumerate(LEDGER_TIERS)
+        for i, tier in enumerate(LEDGER_BITS)
     ]
 
 
@@ -144,7 +143,7 @@ async def charts(db: Any) -> list[Markup]:
 class TierViews:
     """The workers-and-tiers page (called with the signed-in staff user)."""
 
-    def __init__(self, site: Site, config: SiteConfig, worker_timeout_s: float) -> None:
+    def __init__(self, site: PageKit, config: SiteConfig, worker_timeout_s: float) -> None:
         self.site = site
         self.config = config
         self.worker_timeout_s = worker_timeout_s

@@ -8,10 +8,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.web import usage_report
-from gateway.web.charts import Series, stacked_bars
-from gateway.web.sessions import SessionUser
-from gateway.web.site import Site
+from gateway.console import usage_report
+from gateway.pages.charts import Series, stacked_bars
+from gateway.pages.kit import PageKit
+from gateway.pages.sessions import SessionUser
 
 DAYS = 30
 #: The plan of anonymous free-tier requests, which have no team.
@@ -51,10 +51,10 @@ async def top_teams(db: Any, first: date, limit: int = 20) -> list[Any]:
     )
 
 
-class UsageViews:
+class PlanUsageViews:
     """The usage page (called with the signed-in staff user)."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: PageKit) -> None:
         self.site = site
 
     async def page(self, request: Request, user: SessionUser) -> Response:

@@ -1,6 +1,6 @@
 """Reading the workers' ``/metrics``: per-tier bytes, pages, hits, misses and failures.
 
-The names are those ``workers/tier_metrics.py`` exports (``kvgate_worker_tier_<field>``,
+The names are those of :mod:`protocol.metric_names` (``kvgate_worker_tier_<field>``,
 labelled by tier); the gateway reads them over HTTP like any Prometheus scraper, so it
 needs nothing from the ``workers`` package.
 """
@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-_PREFIX = "kvgate_worker_tier_"
+from protocol.metric_names import TIER_PREFIX, WORKER_PREFIX
+
 _FIELDS = ("used_bytes", "items", "hits", "misses", "bytes_read", "bytes_written", "corruptions")
 
 
@@ -60,15 +61,15 @@ def parse(text: str) -> Scrape:
             if sample.name.endswith(("_created", "_bucket", "_sum", "_count")):
                 continue
             tier = sample.labels.get("tier")
-            short = name.removeprefix(_PREFIX)
-            if tier is not None and name.startswith(_PREFIX):
+            short = name.removeprefix(TIER_PREFIX)
+            if tier is not None and name.startswith(TIER_PREFIX):
                 figures = out.tiers.setdefault(tier, TierFigures(tier))
                 if short in _FIELDS:
                     setattr(figures, short, getattr(figures, short) + int(sample.value))
                 elif short == "failures":
                     figures.failures += int(sample.value)
-            elif not sample.labels and name.startswith("kvgate_worker_"):
-                out.gauges[name.removeprefix("kvgate_worker_")] = sample.value
+            elif not sample.labels and name.startswith(WORKER_PREFIX):
+                out.gauges[name.removeprefix(WORKER_PREFIX)] = sample.value
     return out
 
 

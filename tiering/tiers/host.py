@@ -2,7 +2,7 @@
 
 Blocks are copied in on ``put`` (the caller's buffer is usually a GPU staging area that is
 about to be reused). The copy function is injectable so that a torch adapter can place
-blocks in pinned memory when CUDA is present (``tiering.pinned``), keeping this module
+blocks in pinned memory when CUDA is present (``workers.engine.pinned``), keeping this module
 torch-free; the default copies into ordinary ``bytes``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from protocol.tiers import TierName
 from tiering.codec import Block
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierStats, land_by_copy
@@ -25,7 +26,7 @@ def _copy_to_bytes(view: memoryview) -> memoryview:
 class HostTier:
     """An in-process LRU of blocks bounded by ``budget_bytes`` of payload."""
 
-    name = "host"
+    name = TierName.HOST
 
     def __init__(self, budget_bytes: int, *, copy_in: CopyIn | None = None) -> None:
         self.budget_bytes = budget_bytes

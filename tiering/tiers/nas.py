@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.tiers import TierName
 from tiering.codec import Block, CorruptBlock, decode, encode_header
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats
@@ -91,7 +92,7 @@ class NasEntry:
 class NasTier:
     """Blocks as files under ``config.root``."""
 
-    name = "nas"
+    name = TierName.NAS
 
     def __init__(self, config: NasConfig) -> None:
         self.config = config

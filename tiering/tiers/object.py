@@ -22,6 +22,7 @@ from aiobotocore.session import AioSession
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from protocol.tiers import TierName
 from tiering.codec import Block, CorruptBlock, decode, encode
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats, land_by_copy
@@ -66,7 +67,7 @@ class ObjectTier:
     client and its connection pool live as long as the tier.
     """
 
-    name = "object"
+    name = TierName.OBJECT
 
     def __init__(self, config: ObjectConfig) -> None:
         self.config = config

@@ -38,6 +38,7 @@ from yarl import URL
 if TYPE_CHECKING:
     from aiobotocore.credentials import AioCredentials
 
+    # import cycle: the type only; the object tier builds its reader from this config
     from tiering.tiers.object import ObjectConfig
 
 #: statuses worth another try: throttling and server-side failures

@@ -13,9 +13,6 @@ from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
-#: The tiers a prompt token can be served from, in ladder order.
-TIERS: tuple[str, ...] = ("device", "host", "nas", "object")
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -65,7 +62,7 @@ class TokenEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    #: tokens of the prompt served from each tier (keys from ``TIERS``), summing to ``cached_tokens``
+    #: tokens of the prompt served from each tier (keys from :data:`protocol.tiers.TIERS`), summing to ``cached_tokens``
     cached_by_tier: dict[str, int] = field(default_factory=dict)
 
 

@@ -91,7 +91,7 @@ class EngineOptions:
         still exactly what recomputing writes, but only for an engine that computes them
         the same way: the KV dtype does not say how the KV was computed (a float32 model on
         CPU and a float16 one on CUDA both keep float16 KV, of other bytes), so tier keys
-        fold in the compute dtype and device type too (``kvgate.serving.kv_compute``).
+        fold in the compute dtype and device type too (``kvgate.wiring.engine.kv_compute``).
         """
         device, dtype = self.resolved()
         if self.kv_dtype == "auto":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.tiers import TierName
 from workers.engine.api import FinishReason, GenerateRequest, TokenEvent
 from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.held_back import HeldBackWait
@@ -201,7 +202,7 @@ class Scheduler:
             self.waiting.popleft()
             own = self.pool.alloc(need)
             req.pages, req.shared, req.prefix = match.pages + own, len(match.pages), match.node
-            tiers = ["device"] * len(match.pages)
+            tiers = [TierName.DEVICE] * len(match.pages)
             lower = self._load_lower(req, reusable)
             if lower is None:
                 return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workers.engine.api import TIERS
+from protocol.tiers import TIERS
 
 
 @dataclass

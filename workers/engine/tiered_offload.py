@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tiering.codec import Block, make_block
-from tiering.keys import Namespace, page_keys
+from tiering.keys import Namespace, chain_keys, page_keys
 from tiering.landing import Landing
 from tiering.store import TieredStore
 from workers.engine.kv_pool import KVLayout, RestoreTarget
@@ -55,7 +55,7 @@ class TieredOffload:
         """``build_store`` runs on the store's own loop (so its pools belong there).
 
         ``compute`` says how the engine computes the KV it hands over, its compute dtype and
-        device type (:func:`compute_tag`); like ``model_fingerprint`` and ``layout`` it
+        device type (:func:`tiering.keys.compute_tag`); like ``model_fingerprint`` and ``layout`` it
         scopes every key, so engines that would recompute other bytes never share pages.
         ``prefill_stats`` returns the engine's cumulative ``(prefill tokens, seconds)``;
         the cost model learns the recompute rate from it. ``write_through`` asks the engine
@@ -127,7 +127,7 @@ class TieredOffload:
                 f"{self.layout.dtype} {self.layout.page_shape}"
             )
         raw = kv.view(len(pages), -1).view(torch.uint8).numpy()
-        keys = _chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
+        keys = chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
         return [
             make_block(
                 key,
@@ -225,36 +225,5 @@ class TieredOffload:
             self._thread.join(10)
 
 
-def compute_tag(device: torch.device | str, dtype: torch.dtype) -> str:
-    """How an engine on ``device`` computing in ``dtype`` makes its KV: ``float32@cpu``.
-
-    Only the device type counts (``cuda:1`` and ``cuda:0`` run the same kernels).
-    """
-    return f"{str(dtype).removeprefix('torch.')}@{torch.device(device).type}"
-
-
 def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=_TORCH_DTYPES[dtype]).element_size()
-
-
-def _chain_keys(items: list[tuple[bytes, tuple[int, ...]]], page_size: int) -> list[bytes]:
-    """The key of each ``(namespace digest, token chain)``'s last page.
-
-    Evictions arrive as whole chains; pages of one sequence share their prefix, so each
-    chain continues from the longest already-keyed chain it extends instead of rehashing
-    from the first token (256 pages of one conversation cost 256 hashes, not 32,896).
-    """
-    out: list[bytes | None] = [None] * len(items)
-    done: dict[tuple[bytes, int], tuple[tuple[int, ...], bytes]] = {}
-    for i in sorted(range(len(items)), key=lambda j: len(items[j][1])):
-        seed, chain = items[i]
-        prev_len, prev_key = 0, seed
-        for n in range(len(chain) - page_size, 0, -page_size):
-            hit = done.get((seed, n))
-            if hit is not None and hit[0] == chain[:n]:
-                prev_len, prev_key = n, hit[1]
-                break
-        key = page_keys(prev_key, chain[prev_len:], page_size)[-1]
-        done[(seed, len(chain))] = (chain, key)
-        out[i] = key
-    return out  # type: ignore[return-value]

@@ -229,6 +229,7 @@ class Tokenizer:
 
     def save_pretrained(self, directory: str | Path) -> list[Path]:
         """Write Hugging Face tokenizer files that ``AutoTokenizer.from_pretrained`` loads."""
+        # import cycle: the export reads a Tokenizer; loaded only when one is exported
         from workers.engine.tokenizer_export import save_pretrained
 
         return save_pretrained(self, Path(directory))

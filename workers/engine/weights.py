@@ -198,6 +198,8 @@ def model_config(spec: str | Path) -> ModelConfig:
     if path.is_dir():
         return ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text()))
     from workers.engine.gguf_metadata import GGUFMetadata
+
+    # import cycle: the GGUF loader reuses this module's checks; loaded only for GGUF
     from workers.engine.weights_gguf import gguf_config
 
     return gguf_config(GGUFMetadata.open(path))
@@ -220,6 +222,7 @@ def load_model_weights(
     if path.is_dir():
         return load_safetensors_dir(path)
     if path.is_file() and path.suffix == ".gguf":
+        # import cycle: as in model_config
         from workers.engine.weights_gguf import load_gguf
 
         return load_gguf(path)

@@ -2,5 +2,5 @@
 
 Nothing here imports SGLang or torch: the launcher only builds a command line and runs it,
 so ``--dry-run`` works on any machine. SGLang loads our storage backend
-(``tiering.sglang_backend``) inside its own process.
+(``tiering.sglang.backend``) inside its own process.
 """

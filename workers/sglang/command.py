@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tiering.sglang_options import SGLangBackendOptions
+from tiering.sglang.options import SGLangBackendOptions
 
 #: The values SGLang 0.5 accepts for the enumerated HiCache flags.
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
@@ -120,7 +120,7 @@ def build_argv(spec: SGLangLaunchSpec) -> list[str]:
 def build_env(spec: SGLangLaunchSpec, secrets: Mapping[str, str]) -> dict[str, str]:
     """Variables to add to the SGLang process's environment.
 
-    ``secrets`` (database DSN, S3 credentials, under the names ``tiering.sglang_options``
+    ``secrets`` (database DSN, S3 credentials, under the names ``tiering.sglang.options``
     defines) go here rather than on the command line, where ``ps`` would show them.
     """
     return {"CUDA_VISIBLE_DEVICES": str(spec.gpu), **secrets}

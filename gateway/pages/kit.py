@@ -1,0 +1,154 @@
+"""What every page handler shares: the database, templates, CSRF, mail, and the guards.
+
+Guards turn "who is this browser" into a redirect or a 404 before a handler does
+anything: anonymous browsers go to the login page; a signed-in user asking for a team
+they are not in gets 404 (not 403), so team ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+import jinja2
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from gateway.pages import email_links, sessions, users
+from gateway.pages.config import AccountsConfig
+from gateway.pages.csrf import Csrf
+from gateway.pages.mailer import Email, Mailer
+from gateway.pages.sessions import SessionUser
+from gateway.pages.users import Membership
+from web import TEMPLATES_DIR
+
+log = logging.getLogger(__name__)
+
+
+class LoginRequired(Exception):
+    """Raised by :meth:`PageKit.user`; turned into a redirect to the login page."""
+
+
+class PageKit:
+    """Shared parts of the account and console pages."""
+
+    def __init__(
+        self, config: AccountsConfig, pool: Callable[[], asyncpg.Pool], mailer: Mailer
+    ) -> None:
+        self.config = config
+        self._pool = pool
+        self.mailer = mailer
+        self.csrf = Csrf(config.session_secret, config.secure_cookies)
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        """The gateway's connection pool (opened in its lifespan, hence the getter)."""
+        return self._pool()
+
+    async def may_mail(self, purpose: email_links.Purpose, email: str) -> bool:
+        """Whether another ``purpose`` link may go to ``email`` now (see ``mails_per_hour``)."""
+        sent = await email_links.issued_recently(self.db, purpose, email, 3600)
+        if sent >= self.config.mails_per_hour:
+            log.warning(
+                "not mailing another %s link to %s: %d in the last hour", purpose, email, sent
+            )
+            return False
+        return True
+
+    async def mail_link(
+        self,
+        purpose: email_links.Purpose,
+        email: str,
+        ttl_s: int,
+        path: str,
+        subject: str,
+        text: Callable[[str], str],
+        **owner: int | None,
+    ) -> None:
+        """Mail ``email`` a one-time ``purpose`` link to ``path``, valid for ``ttl_s``; the
+        body is ``text(link)``. ``owner`` (user_id, team_id, invited_by) goes with the token.
+        Callers check :meth:`may_mail` first: each answers a refusal its own way."""
+        token = await email_links.issue(self.db, purpose, email, ttl_s, **owner)
+        link = self.link(f"{path}?token={quote(token)}")
+        await self.mailer.send(Email(email, subject, text(link)))
+
+    def link(self, path: str) -> str:
+        """An absolute URL on the public site, for emails."""
+        return self.config.public_base_url.rstrip("/") + path
+
+    def render(
+        self,
+        request: Request,
+        template: str,
+        status: int = 200,
+        *,
+        user: SessionUser | None = None,
+        **context: Any,
+    ) -> Response:
+        """``template`` rendered with the CSRF token and user; pages are never cached."""
+        token, new_cookie = self.csrf.token(request)
+        html = self.templates.get_template(template).render(
+            csrf_token=token, user=user, path=request.url.path, **context
+        )
+        response = HTMLResponse(html, status, headers={"cache-control": "no-store"})
+        if new_cookie is not None:
+            self.csrf.set_cookie(response, new_cookie)
+        return response
+
+    async def user(self, request: Request) -> SessionUser:
+        """The signed-in user; raises :class:`LoginRequired` for anonymous browsers."""
+        user = await sessions.user_for(self.db, request.cookies.get(sessions.COOKIE))
+        if user is None:
+            raise LoginRequired
+        return user
+
+    async def member(
+        self, request: Request, *, owner: bool = False
+    ) -> tuple[SessionUser, Membership]:
+        """The user and their membership of the team in the path (404 when not a member).
+
+        With ``owner``, a plain member gets 403: they may see the team, not change this.
+        """
+        user = await self.user(request)
+        team_id = request.path_params["team_id"]
+        membership = await users.membership(self.db, user.id, team_id)
+        if membership is None:
+            raise HTTPException(404, "No such team.")
+        if owner and membership.role != "owner":
+            raise HTTPException(403, "Only an owner of this team can do this.")
+        return user, membership
+
+
+def login_redirect(request: Request) -> Response:
+    """Send an anonymous browser to the login page, coming back here afterwards."""
+    target = request.url.path
+    if request.url.query:
+        target += "?" + request.url.query
+    if request.method != "GET":
+        target = "/console"
+    return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def text_field(form: FormData, name: str, *, strip: bool = True) -> str:
+    """Form field ``name`` as text ("" when absent or a file); passwords keep their spaces."""
+    value = form.get(name)
+    if not isinstance(value, str):
+        return ""
+    return value.strip() if strip else value
+
+
+def safe_next(value: str | None) -> str:
+    """A post-login destination that stays on this site (no open redirect)."""
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/console"

@@ -1,0 +1,68 @@
+"""The public pages: landing (with measured figures), pricing, API docs and the playground.
+
+No login anywhere here. The playground page is a shell: its script (``web/static/
+playground.js``) talks to the same ``/v1`` API as any client, as the anonymous free tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.pages.kit import PageKit
+from gateway.public import figures
+from gateway.public.config import SiteConfig
+
+#: Shown in the examples when no worker is registered yet.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """A plan as the pricing page shows it."""
+
+    name: str
+    monthly_price_cents: int
+    requests_per_min: int
+    tokens_per_min: int
+    tokens_per_day: int
+    max_concurrent: int
+    max_context: int
+
+
+class PublicPages:
+    """Handlers of the pages anyone may read."""
+
+    def __init__(self, site: PageKit, config: SiteConfig) -> None:
+        self.site = site
+        self.config = config
+
+    async def landing(self, request: Request) -> Response:
+        """What kvgate is, and the benchmark figures measured so far."""
+        benches = figures.load(self.config.benchmarks_dir)
+        return self.site.render(request, "site/landing.html", benchmarks=benches)
+
+    async def pricing(self, request: Request) -> Response:
+        """Every plan with its price and limits, from the plans table."""
+        rows = await self.site.db.fetch(
+            "SELECT name, monthly_price_cents, requests_per_min, tokens_per_min, "
+            "tokens_per_day, max_concurrent, max_context FROM plans "
+            "ORDER BY monthly_price_cents, name"
+        )
+        plans = [PlanRow(*r) for r in rows]
+        return self.site.render(
+            request, "site/pricing.html", plans=plans, sales_email=self.config.sales_email
+        )
+
+    async def docs(self, request: Request) -> Response:
+        """API docs with curl and ``openai`` SDK examples against this gateway."""
+        model = await self.site.db.fetchval("SELECT min(model) FROM workers") or DEFAULT_MODEL
+        return self.site.render(
+            request, "site/docs.html", base_url=self.site.link("/v1"), model=model
+        )
+
+    async def playground(self, request: Request) -> Response:
+        """The chat playground (the free tier, in the browser)."""
+        return self.site.render(request, "site/playground.html")

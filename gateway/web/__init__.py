@@ -1,1 +1,0 @@
-"""Browser accounts and the team console: users, sessions, CSRF, emails and /console pages."""

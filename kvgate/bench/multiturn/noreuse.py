@@ -1,0 +1,130 @@
+"""The no-reuse pair: what tiering costs when it cannot help, measured interleaved.
+
+Every request is the first turn of a fresh conversation, so no tier ever serves a page and
+tiering is pure cost: keying and copying every request's pages, host RAM, the NAS
+write-behind and its ledger rows. Two fresh workers run side by side, ``off`` (no lower tiers) and ``on``
+(every tier and the ledger; no tierd). The requests are played in waves of one request per
+client, each wave on one worker while the other idles, in the order off·on, on·off, off·on,
+…, so that whatever drifts on a shared machine (load, page cache, clocks) weighs on both
+alike: two runs one after the other measured that drift as much as the cost. A wave on a
+tiered worker ends only once its write-behind has written every page it was given, so the
+worker pays for the background work its wave caused. The first wave on each is warm-up.
+Requests/s of a side is its measured requests over the sum of its waves' seconds; the
+overhead figure is the median over waves of each wave's own on/off ratio (see
+:mod:`kvgate.bench.multiturn.report`), which one stalled wave cannot move. The
+caller sizes both workers' L1 to hold a whole wave: with less, a preempted request's pages
+would come back from host RAM with tiering on and be recomputed with it off, and the pair
+would measure that help instead of the cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import click
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.bench.multiturn.driver import Plan, Result, Target, run
+from kvgate.bench.multiturn.metrics import Summary, summarize
+from kvgate.bench.multiturn.workload import Conversation
+from protocol.metric_names import TIER_WRITE_QUEUE
+
+#: how long a wave's write-behind may take to empty before the run gives up on it
+DRAIN_TIMEOUT_S = 300.0
+DRAIN_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Side:
+    """One worker of the pair."""
+
+    label: str
+    url: str
+    #: whether it writes behind (its waves wait for the write-behind to empty)
+    tiered: bool
+
+
+def wave_count(requests: int, clients: int) -> int:
+    """The number of waves ``requests`` make; ValueError unless they are whole waves of
+    ``clients``, an odd number of them, at least 3: one warm-up, then an even number
+    measured, so that each side goes first as often as second."""
+    n, rest = divmod(requests, clients)
+    if rest or n < 3 or n % 2 == 0:
+        raise ValueError(
+            f"the no-reuse pair plays whole waves of {clients} requests, an odd number of "
+            f"them and at least 3 (one warm-up, then pairs); {requests} requests make "
+            f"{requests / clients:g}: give {clients * 3}, {clients * 5}, {clients * 7}, …"
+        )
+    return n
+
+
+def waves(convs: Sequence[Conversation], clients: int) -> list[list[Conversation]]:
+    """``convs`` cut into waves of ``clients`` (see :func:`wave_count`); the first is the
+    warm-up."""
+    n = wave_count(len(convs), clients)
+    return [list(convs[i * clients : (i + 1) * clients]) for i in range(n)]
+
+
+def order(n_waves: int, sides: tuple[Side, Side]) -> list[tuple[int, Side]]:
+    """(wave, side) in play order: each wave on both sides, the side going first
+    alternating from wave to wave (ABBA), so each side is first as often as second."""
+    a, b = sides
+    return [(w, s) for w in range(n_waves) for s in ((a, b) if w % 2 == 0 else (b, a))]
+
+
+def write_queue(metrics_text: str) -> float:
+    """The write-behind's unwritten pages as a worker's /metrics text reports them."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == TIER_WRITE_QUEUE:
+                return sample.value
+    raise ValueError(f"the worker's /metrics has no {TIER_WRITE_QUEUE}: is it tiered?")
+
+
+async def _drained(url: str) -> None:
+    """Return once the worker at ``url`` has written behind everything it was given."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        while True:
+            response = await client.get(f"{url}/metrics")
+            response.raise_for_status()
+            if write_queue(response.text) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url}: write-behind not empty after {DRAIN_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(DRAIN_POLL_S)
+
+
+async def _wave(side: Side, convs: list[Conversation], warmup: bool) -> list[Result]:
+    clients = len(convs)
+    plan = Plan(clients=clients, active=clients, warmup=clients if warmup else 0)
+    results = await run(Target(side.url), convs, plan, progress=False)
+    if side.tiered:
+        await _drained(side.url)
+    return results
+
+
+def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) -> dict[str, dict]:
+    """Play the interleaved waves; per side its summary (requests/s over the sum of its
+    measured waves' seconds) and every wave's seconds (``wave_seconds``, warm-up first)."""
+    cut = waves(convs, clients)
+    results: dict[str, list[Result]] = {s.label: [] for s in sides}
+    seconds: dict[str, list[float]] = {s.label: [] for s in sides}
+    for w, side in order(len(cut), sides):
+        start = time.perf_counter()
+        results[side.label] += asyncio.run(_wave(side, cut[w], warmup=w == 0))
+        seconds[side.label].append(time.perf_counter() - start)
+        kind = "warm-up" if w == 0 else "measured"
+        click.echo(
+            f"wave {w + 1}/{len(cut)}, tiering {side.label}: {seconds[side.label][-1]:.1f} s ({kind})",
+            err=True,
+        )
+    out = {}
+    for s in sides:
+        summary: Summary = summarize(results[s.label], seconds=sum(seconds[s.label][1:]))
+        out[s.label] = summary.as_dict() | {"wave_seconds": seconds[s.label]}
+    return out

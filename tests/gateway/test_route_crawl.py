@@ -1,0 +1,177 @@
+"""Every route of the gateway, as anonymous, team member, team owner and staff.
+
+The routes come from the application itself (``build_app(...).routes``), so a route added
+later is crawled too — and fails here until the table below says what each role must get
+from it. Requests go over HTTP to a real ``kvgate gateway`` process on the session
+Postgres; each request carries a fresh session of its role (so /logout ends nothing else)
+and, for forms, a valid CSRF token: a refusal is then the guard's, not the CSRF check's.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import httpx
+from starlette.routing import Mount, Route
+
+from gateway import accounts
+from gateway.admin.staff import create_user
+from gateway.app import build_app
+from gateway.config import GatewayConfig
+from gateway.console.routes import WEBHOOK_PATH
+from gateway.pages import sessions, users
+from gateway.pages.csrf import COOKIE as CSRF_COOKIE
+from gateway.public import leads
+from tests.support.gateway import gateway_process
+
+ROLES = ("anonymous", "member", "owner", "staff")
+PASSWORD = "crawl-password-1"
+LOGIN = "login"  # expected: a 303 to the login page
+
+PUBLIC_PAGES = {
+    "/", "/pricing", "/docs", "/playground", "/contact", "/contact/thanks", "/signup",
+    "/login", "/password/forgot", "/healthz", "/readyz", "/metrics", "/openapi.json",
+    "/v1/models",
+}  # fmt: skip
+
+
+@dataclass
+class World:
+    """The ids the crawl fills into paths, and a session per role."""
+
+    team_id: int
+    key_id: int
+    lead_id: int
+    user_ids: dict[str, int]
+
+
+def expected(role: str, method: str, path: str) -> set[int | str]:
+    """What ``role`` must get from ``method path`` (the crawl's specification)."""
+    anonymous = role == "anonymous"
+    if method == "GET" and path in PUBLIC_PAGES:
+        return {200}
+    if path.startswith(("/admin", "/console")) or path == "/invite":
+        if anonymous:
+            return {LOGIN}
+        if path.startswith("/admin"):
+            if role != "staff":
+                return {404}
+            return {303} if path == "/admin" or method == "POST" else {200}
+        if path == "/console":
+            return {200} if role == "staff" else {303}  # staff have no team: a page saying so
+        if path == "/invite":
+            return {400, 404}  # no invitation token given
+        if role == "staff":
+            return {404}  # staff are not members of customers' teams
+        if path.endswith("{team_id:int}"):
+            return {303}  # to the team's keys page
+        if method == "GET":
+            return {200}
+        if role == "member" and ("/billing/" in path or "/members/" in path):
+            return {403}
+        return {200, 201, 303, 400, 503}  # 503: billing without Stripe configured
+    if path in ("/v1/chat/completions", "/v1/completions"):
+        return {400}  # an empty body, whoever asks
+    if path == WEBHOOK_PATH:
+        return {400}  # no Stripe signature
+    if path in ("/signup", "/login", "/password/forgot", "/password/reset", "/contact"):
+        return {200, 303, 400, 401, 429}  # form posts with missing fields
+    if path == "/logout":
+        return {303}
+    if path in ("/verify", "/password/reset"):
+        return {200, 400}  # no token given
+    raise AssertionError(f"the crawl has no expectation for {method} {path}: add one")
+
+
+async def _world(pool: asyncpg.Pool) -> World:
+    tag = uuid.uuid4().hex[:8]
+    team = await accounts.create_team(pool, f"crawl-{tag}", "team")
+    key, _ = await accounts.create_key(pool, team.name, "crawl")
+    ids = {}
+    for role in ("member", "owner", "staff"):
+        ids[role], _ = await create_user(
+            pool, f"crawl-{role}-{tag}@example.com", PASSWORD, staff=role == "staff"
+        )
+    await users.add_member(pool, ids["owner"], team.id, "owner")
+    await users.add_member(pool, ids["member"], team.id, "member")
+    form = leads.LeadForm("Crawl", f"crawl-{tag}@example.com", "Crawl Co", "1-10", "< 10M", "", "")
+    lead_id = await leads.store(pool, form, "10.255.0.1", 1000, 60)
+    return World(team.id, key.id, lead_id, ids)
+
+
+def _routes() -> list[tuple[str, str]]:
+    app = build_app(GatewayConfig(dsn="unused: only the route table is read"))
+    out = []
+    for route in app.routes:
+        if isinstance(route, Route):
+            out += [(m, route.path) for m in sorted(route.methods or ()) if m != "HEAD"]
+        elif isinstance(route, Mount):
+            out.append(("GET", route.path))
+        else:
+            raise AssertionError(f"unexpected route type {route!r}: teach the crawl about it")
+    return out
+
+
+def _fill(path: str, world: World) -> str:
+    return (
+        path.replace("{team_id:int}", str(world.team_id))
+        .replace("{key_id:int}", str(world.key_id))
+        .replace("{lead_id:int}", str(world.lead_id))
+    )
+
+
+_FORM = {
+    "name": "crawl",
+    "email": "crawl-invitee@example.com",
+    "status": "contacted",
+    "body": "a note from the crawl",
+    "reason": "crawl",
+    "plan": "team",
+}
+
+
+async def test_every_route_answers_each_role_as_specified(
+    pg_dsn: str, pg_pool: asyncpg.Pool
+) -> None:
+    world = await _world(pg_pool)
+    routes = _routes()
+    assert any(p.startswith("/admin") for _, p in routes) and any(p == "/" for _, p in routes)
+    failures = []
+    # No KVGATE_SESSION_SECRET: the site's form tokens must pass the console's checks too.
+    with gateway_process(pg_dsn) as (url, _):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            page = await client.get("/contact")
+            token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+            assert token is not None
+            csrf = {CSRF_COOKIE: page.cookies[CSRF_COOKIE]}
+            for method, path in routes:
+                if path == "/static":
+                    for asset in ("site.css", "pages.css", "playground.js"):
+                        response = await client.get(f"/static/{asset}")
+                        if response.status_code != 200:
+                            failures.append(f"GET /static/{asset}: {response.status_code}")
+                    continue
+                target = _fill(path, world)
+                for role in ROLES:
+                    client.cookies = httpx.Cookies(csrf)
+                    if role != "anonymous":
+                        session = await sessions.start(pg_pool, world.user_ids[role], 600)
+                        client.cookies.set(sessions.COOKIE, session)
+                    if method == "GET":
+                        response = await client.get(target)
+                    else:
+                        data = {"csrf_token": token.group(1), **_FORM}
+                        response = await client.post(target, data=data)
+                    got: int | str = response.status_code
+                    if got == 303 and response.headers["location"].startswith("/login?next="):
+                        got = LOGIN
+                    want = expected(role, method, path)
+                    if got not in want:
+                        failures.append(f"{role} {method} {target}: got {got}, want {want}")
+                    for header in ("content-security-policy", "x-frame-options", "referrer-policy"):
+                        if header not in response.headers:
+                            failures.append(f"{role} {method} {target}: no {header}")
+    assert failures == [], "\n".join(failures)

@@ -1,0 +1,105 @@
+"""The no-reuse pair of ``kvgate bench multiturn --compare``: waves, their interleaving, and
+a real pair of workers played that way (the tiered one drained after each of its waves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.bench.multiturn import noreuse, stack
+from kvgate.bench.multiturn.noreuse import Side, order, play, wave_count, waves, write_queue
+from kvgate.bench.multiturn.workload import Shape, conversations
+from tests.support.bench import tiny_site
+
+FIRST_TURNS = Shape(
+    common_prefix=48,
+    unique_prefix_mean=120,
+    unique_prefix_max=200,
+    user_tokens=(20, 30),
+    answer_tokens=(6, 8),
+    turns=(1, 1),
+)
+
+
+def test_waves_are_whole_odd_in_number_and_at_least_three() -> None:
+    convs = conversations(10, FIRST_TURNS, seed=1)
+    cut = waves(convs[:6], 2)
+    assert [len(w) for w in cut] == [2, 2, 2]
+    assert [c.cid for w in cut for c in w] == [c.cid for c in convs[:6]]
+    assert wave_count(10, 2) == 5
+    for requests, clients in ((7, 2), (4, 2), (8, 2), (2, 2)):  # a part, too few, even
+        with pytest.raises(ValueError, match="give 6, 10, 14"):
+            wave_count(requests, clients)
+
+
+def test_order_alternates_which_side_goes_first() -> None:
+    a, b = Side("off", "http://a", False), Side("on", "http://b", True)
+    played = order(5, (a, b))
+    assert [(w, s.label) for w, s in played] == [
+        (0, "off"), (0, "on"), (1, "on"), (1, "off"), (2, "off"), (2, "on"),
+        (3, "on"), (3, "off"), (4, "off"), (4, "on"),
+    ]  # fmt: skip
+    # over the measured waves (all but the first) each side is first as often as second
+    measured = played[2:]
+    firsts = [measured[i][1].label for i in range(0, len(measured), 2)]
+    assert firsts.count("off") == firsts.count("on")
+
+
+def test_write_queue_is_read_from_metrics_and_its_absence_named() -> None:
+    text = "# TYPE kvgate_worker_tier_write_queue_pages gauge\nkvgate_worker_tier_write_queue_pages 7.0\n"
+    assert write_queue(text) == 7
+    with pytest.raises(ValueError, match="no kvgate_worker_tier_write_queue_pages"):
+        write_queue("# TYPE other gauge\nother 1.0\n")
+
+
+def _store_events(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        s.labels["event"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "kvgate_worker_tier_store_events_total"
+    }
+
+
+def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
+    tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drained = noreuse._drained
+    after_drain: list[tuple[str, float]] = []
+
+    async def recorded(url: str) -> None:  # the real wait, then what the worker says
+        await drained(url)
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"{url}/metrics")).text
+        after_drain.append((url, write_queue(text)))
+
+    monkeypatch.setattr(noreuse, "_drained", recorded)
+    convs = conversations(6, FIRST_TURNS, seed=3)
+    logs = tmp_path / "logs"
+    host = {"KVGATE_TIER_HOST_BYTES": str(1 << 30)}
+    # an L1 of 384 tokens: it must evict
+    off_site = tiny_site(tmp_path / "nas-off", smollm2_gguf, pool_tokens=384, **host)
+    on_site = tiny_site(tmp_path / "nas-on", smollm2_gguf, pool_tokens=384, **host)
+    with (
+        stack.worker("off", "", off_site, logs) as off_url,
+        stack.worker("on", "host,nas", on_site, logs) as on_url,
+    ):
+        out = play((Side("off", off_url, False), Side("on", on_url, True)), convs, clients=2)
+        on_events = _store_events(on_url)
+        queue_after = write_queue(httpx.get(f"{on_url}/metrics").text)
+    for label in ("off", "on"):
+        s = out[label]
+        assert s["requests"] == 4 and s["errors"] == 0  # two measured waves of two
+        assert len(s["wave_seconds"]) == 3
+        assert s["seconds"] == pytest.approx(sum(s["wave_seconds"][1:]))
+        assert s["rps"] == pytest.approx(4 / s["seconds"])
+        assert s["cached_by_tier"].get("host", 0) == 0 and s["cached_by_tier"].get("nas", 0) == 0
+    assert on_events.get("written", 0) > 0  # evicted pages went down to the NAS
+    # every wave on the tiered worker, and only there, ended once they were all written
+    assert after_drain == [(on_url, 0)] * 3
+    assert queue_after == 0
+    assert any((tmp_path / "nas-on").rglob("*.kvb"))

@@ -1,0 +1,76 @@
+"""Shared helpers for the worker HTTP tests: a real engine behind the real app, served in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+from kvgate.wiring.engine import chat_template_of
+from workers.context import ServerConfig
+from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.tokenizer import load_tokenizer
+from workers.engine.weights import TINY_RANDOM, tiny_random
+from workers.server import create_app
+
+#: The context the tiny test engines are given (small, so "too long" prompts are cheap).
+TINY_CONTEXT = 512
+#: The tiny engine's model id, as requests name it.
+MODEL = TINY_RANDOM
+#: Greedy decoding that runs to ``max_tokens``: outputs comparable token for token.
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def tiny_engine(**options: object) -> TorchEngine:
+    """The seeded tiny random Llama (SmolLM2's vocabulary) on CPU, as ``tiny-random``."""
+    config, state = tiny_random()
+    opts = EngineOptions(device="cpu", context_length=TINY_CONTEXT, **options)  # type: ignore[arg-type]
+    return TorchEngine(config, state, opts, model_id=TINY_RANDOM)
+
+
+def tiny_pool_bytes(pages: int, page_size: int = 16) -> int:
+    """Bytes of a default CPU engine's pool holding ``pages`` pages of tiny-random KV."""
+    config, _ = tiny_random()
+    return pages * page_size * EngineOptions(device="cpu").kv_bytes_per_token(config)
+
+
+def worker_app(engine: TorchEngine, gguf: Path, config: ServerConfig | None = None) -> Starlette:
+    """The worker app around ``engine`` with the tokenizer and template of ``gguf``."""
+    tokenizer = load_tokenizer(gguf)
+    return create_app(engine, tokenizer, chat_template_of(tokenizer), config)
+
+
+async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
+    """``POST /v1/completions`` for :data:`MODEL` with ``fields``."""
+    return await client.post("/v1/completions", json={"model": MODEL, **fields})
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition still false after {timeout} s")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Starlette) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    await wait_for(lambda: server.started or task.done())
+    if task.done():
+        task.result()  # raises what stopped the server
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task

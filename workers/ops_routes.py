@@ -1,0 +1,116 @@
+"""Operational endpoints: health, load, metrics, server info, abort and cache flush.
+
+Shapes follow SGLang's server so that one gateway and one dashboard handle both the
+built-in worker and SGLang workers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from protocol.openai_errors import error_body
+from protocol.openai_requests import parse_body
+from workers.context import WorkerContext
+from workers.generation import collect
+
+
+class AbortRequest(BaseModel):
+    """Body of ``POST /abort_request``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str
+
+
+def ops_routes(ctx: WorkerContext) -> list[Route]:
+    """The routes, bound to ``ctx``."""
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def health_generate(request: Request) -> Response:
+        # A real one-token generation: proves the model, the pool and the scheduler work.
+        gen = ctx.engine_request(
+            f"health-{uuid.uuid4().hex}",
+            [0],
+            max_tokens=1,
+            sampling={"temperature": 0.0, "ignore_eos": True},
+            cache_salt="",
+            param="input_ids",
+        )
+        with anyio.move_on_after(ctx.config.health_timeout_s):
+            final = await collect(ctx.start(gen, ()))
+            if final.usage.completion_tokens >= 1:
+                return PlainTextResponse("ok")
+        return JSONResponse(
+            error_body(503, f"no token generated within {ctx.config.health_timeout_s:g} s"),
+            status_code=503,
+        )
+
+    async def server_info(request: Request) -> Response:
+        load = ctx.engine.load()
+        return JSONResponse(
+            {
+                "model_id": ctx.engine.model_id,
+                "context_length": ctx.engine.context_length,
+                "eos_token_ids": list(ctx.engine.eos_token_ids),
+                "kv_pool_pages": load.pool_total_pages,
+                **ctx.config.server_info,
+            }
+        )
+
+    async def loads(request: Request) -> Response:
+        load = ctx.engine.load()
+        usage = load.pool_used_pages / load.pool_total_pages if load.pool_total_pages else 0.0
+        return JSONResponse(
+            {
+                "timestamp": time.time(),
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": load.running,
+                        "num_waiting_reqs": load.queued,
+                        "num_used_pages": load.pool_used_pages,
+                        "num_total_pages": load.pool_total_pages,
+                        "num_cached_pages": load.cached_pages,
+                        "token_usage": usage,
+                    }
+                ],
+            }
+        )
+
+    async def metrics(request: Request) -> Response:
+        # Reading the tier counters waits on the tier thread: keep it off the event loop.
+        body = await anyio.to_thread.run_sync(ctx.metrics.exposition)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def abort_request(request: Request) -> Response:
+        body = parse_body(AbortRequest, await request.body())
+        return JSONResponse({"rid": body.rid, "aborted": ctx.engine.abort(body.rid)})
+
+    async def flush_cache(request: Request) -> Response:
+        # It waits for the step under way (seconds on a CPU): keep it off the event loop.
+        if await anyio.to_thread.run_sync(ctx.engine.flush_cache):
+            return PlainTextResponse("Cache flushed.")
+        return JSONResponse(
+            error_body(400, "requests are running; flush the cache once the worker is idle"),
+            status_code=400,
+        )
+
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/v1/loads", loads, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["POST"]),
+    ]
