@@ -12,6 +12,7 @@ up: $(VENV)/.installed
 	$(BIN)/kvgate up
 
 test: $(VENV)/.installed-dev
+	scripts/check-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest

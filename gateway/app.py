@@ -25,6 +25,7 @@ from gateway import inbound, proxy
 from gateway.admin.routes import admin_routes
 from gateway.admission import DEGRADED, rate_headers, refusal_message
 from gateway.auth import Authenticator
+from gateway.billing.meters import unreported_seconds
 from gateway.breaker import Breaker
 from gateway.call import PATHS, Call
 from gateway.client_ip import client_ip
@@ -34,7 +35,7 @@ from gateway.db import HOT_TIMEOUT_S, UNAVAILABLE
 from gateway.directory import Directory
 from gateway.errors import ApiError
 from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, ReplicaState
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import document
 from gateway.pages.headers import SecurityHeadersMiddleware
@@ -51,6 +52,14 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
+        self.metrics.watch(
+            ReplicaState(
+                usage_pending=lambda: self.usage.pending if self._started else 0,
+                usage_dropped=lambda: self.usage.dropped if self._started else 0,
+                healthy_workers=lambda: len(self.router.workers()),
+            )
+        )
+        self._started = False
         self.router = Router(config.load_factor)
         self.breaker = Breaker(config.breaker_failures, config.breaker_open_s)
         # Set in startup(): they need the running event loop.
@@ -78,10 +87,12 @@ class Gateway:
         self.usage = UsageRecorder(self.pool, cfg.usage_flush_s, cfg.usage_buffer_max)
         await self.upstream.start()
         await self.directory.refresh()
+        self._started = True
         self._tasks = [
             asyncio.create_task(self.directory.run()),
             asyncio.create_task(self.usage.run()),
             asyncio.create_task(self.limiter.run()),
+            asyncio.create_task(self._watch_billing()),
         ]
         try:
             yield
@@ -109,10 +120,15 @@ class Gateway:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """Prometheus text format."""
-        self.metrics.usage_pending.set(self.usage.pending)
-        self.metrics.usage_dropped.set(self.usage.dropped)
-        self.metrics.workers.set(len(self.router.workers()))
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def _watch_billing(self) -> None:
+        """Keep ``kvgate_billing_unreported_seconds`` current (every replica reads the same
+        database, so any of them may answer; Postgres being down just skips a reading)."""
+        while True:
+            with contextlib.suppress(*UNAVAILABLE, asyncpg.PostgresError):
+                self.metrics.billing_unreported.set(await unreported_seconds(self.pool))
+            await asyncio.sleep(self.config.billing_watch_s)
 
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document."""

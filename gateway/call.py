@@ -218,7 +218,7 @@ class Call:
         gw.metrics.latency.labels(endpoint).observe(now - self.started)
         if ttft is not None:
             gw.metrics.ttft.observe(ttft)
-        gw.metrics.tokens.labels("prompt").inc(out.prompt_tokens)
-        gw.metrics.tokens.labels("cached").inc(out.cached_tokens)
-        gw.metrics.tokens.labels("completion").inc(out.completion_tokens)
+        gw.metrics.count_tokens(
+            out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.cached_by_tier
+        )
         gw.limiter.release(self.decision.lease)

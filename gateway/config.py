@@ -32,6 +32,8 @@ class GatewayConfig:
     auth_cache_ttl_s: float = 2.0
     #: Seconds between reloads of the worker registry.
     registry_refresh_s: float = 1.0
+    #: Seconds between readings of how long paid usage has waited for Stripe (a metric).
+    billing_watch_s: float = 60.0
     #: Workers whose heartbeat is older than this are left out.
     worker_timeout_s: float = 5.0
     #: Seconds to connect to a worker, and the longest a worker may take for one request.

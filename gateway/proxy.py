@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -19,6 +19,7 @@ import orjson
 
 from protocol.openai_errors import error_body
 from protocol.streaming import DONE, sse
+from protocol.tiers import TIERS
 
 
 class UpstreamUnavailable(Exception):
@@ -48,6 +49,8 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    #: cached prompt tokens by the tier they came from, as the worker reports them
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
     first_token_at: float | None = None
     #: The stream's ``[DONE]`` went out: a hang-up after this is not an abort.
     complete: bool = False
@@ -61,6 +64,13 @@ class Outcome:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             self.cached_tokens = int(details.get("cached_tokens") or 0)
+            by_tier = details.get("cached_tokens_by_tier")
+            if isinstance(by_tier, dict):
+                self.cached_by_tier = {
+                    tier: count
+                    for tier, count in by_tier.items()
+                    if tier in TIERS and isinstance(count, int) and count >= 0
+                }
 
 
 @dataclass(frozen=True)

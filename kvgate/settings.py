@@ -138,9 +138,17 @@ class Settings(BaseSettings):
     )
 
     # --- processes started by `kvgate up` --------------------------------------------------------
-    bind_host: str = Field("127.0.0.1", description="Address the gateway and worker bind to.")
+    bind_host: str = Field(
+        "127.0.0.1", description="Address the gateway, worker and tierd's /metrics bind to."
+    )
     gateway_port: int = Field(8000, description="Gateway HTTP port.")
     worker_port: int = Field(30000, description="Built-in worker HTTP port.")
+    tierd_metrics_port: int = Field(
+        30100, ge=0, le=65535, description="Port of tierd's Prometheus /metrics (0: none)."
+    )
+    prometheus_port: int = Field(
+        9090, ge=1, le=65535, description="Port of the Prometheus `kvgate up --monitoring` runs."
+    )
 
     # --- the built-in worker, `kvgate worker` ---------------------------------------------------
     worker_model: str | None = Field(

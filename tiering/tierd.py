@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -94,13 +94,19 @@ class Tierd:
         self.failures = FailureLog()
         self._last_reconcile = -float("inf")
 
-    async def run_forever(self, stop: asyncio.Event) -> None:
-        """Run passes every ``interval_s`` until ``stop`` is set."""
+    async def run_forever(
+        self, stop: asyncio.Event, on_pass: Callable[[PassReport | None], None] | None = None
+    ) -> None:
+        """Run passes every ``interval_s`` until ``stop`` is set; ``on_pass`` hears of each
+        (``None`` for a pass that failed as a whole)."""
         while not stop.is_set():
+            report: PassReport | None = None
             try:
-                await self.run_pass()
+                report = await self.run_pass()
             except Exception as exc:  # Postgres down: try again next interval
                 self.failures.record("tierd", "pass", exc)
+            if on_pass is not None:
+                on_pass(report)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.interval_s)
 

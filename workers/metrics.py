@@ -11,13 +11,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.tiers import TIERS
 from workers.engine.api import Engine, TokenEvent
 from workers.tier_metrics import TierCollector, TierStatsSource
+
+# a `_created` series beside every counter doubles what is scraped and says nothing useful
+disable_created_metrics()
 
 #: Seconds of history behind the tokens/s gauges.
 RATE_WINDOW_S = 10.0
@@ -154,6 +157,11 @@ class _EngineCollector(Collector):
                 "kvgate_worker_evicted_pages",
                 "KV pages the prefix cache evicted to make room in the pool.",
                 load.evicted_pages,
+            ),
+            (
+                "kvgate_worker_prefill_seconds",
+                "Seconds the engine spent computing prompt tokens.",
+                load.prefill_seconds,
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)

@@ -7,24 +7,36 @@ time (through the ``stats`` callable the composition root hands in, e.g.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from protocol.metric_names import TIER_FAILURES, TIER_PREFIX, TIER_STORE_EVENTS, TIER_WRITE_QUEUE
+from protocol.metric_names import (
+    TIER_FAILURES,
+    TIER_FETCH_SECONDS,
+    TIER_FIGURES,
+    TIER_PREFIX,
+    TIER_STORE_EVENTS,
+    TIER_WRITE_DROPPED,
+    TIER_WRITE_QUEUE,
+)
 from tiering.tiers.base import TierStats
-
-#: TierStats fields that are levels, not running totals.
-_LEVELS = ("used_bytes", "items")
 
 TierStatsSource = Callable[[], Mapping[str, Any]]
 
+#: how a restore from any tier can fail (a read error, a read past its deadline): exported
+#: at zero for every tier from the first scrape, so alerts and dashboards see the series
+RESTORE_FAILURES = ("read", "deadline")
+
 
 class TierCollector(Collector):
-    """Per-tier counters and levels, store events and failures, read when scraped."""
+    """Per-tier counters and levels, fetch time, store events and failures, read when scraped.
+
+    Every tier the store has gets every figure, at zero until it moves, so a dashboard or an
+    alert over a tier finds its series from the first scrape.
+    """
 
     def __init__(self, stats: TierStatsSource) -> None:
         self._stats = stats
@@ -32,32 +44,46 @@ class TierCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snapshot = self._stats()
         tiers: Mapping[str, TierStats] = snapshot.get("tiers", {})
-        fields = [f.name for f in dataclasses.fields(TierStats) if f.name != "name"]
-        for field in fields:
-            name = TIER_PREFIX + field
+        for field, suffix in TIER_FIGURES.items():
+            name = TIER_PREFIX + suffix
             doc = f"KV tier {field.replace('_', ' ')}, per tier."
             family = (
-                GaugeMetricFamily(name, doc, labels=["tier"])
-                if field in _LEVELS
-                else CounterMetricFamily(name, doc, labels=["tier"])
+                CounterMetricFamily(name, doc, labels=["tier"])
+                if suffix.endswith("_total")
+                else GaugeMetricFamily(name, doc, labels=["tier"])
             )
             for tier, stats in tiers.items():
                 family.add_metric([tier], getattr(stats, field))
             yield family
+        fetch = CounterMetricFamily(
+            TIER_FETCH_SECONDS, "Seconds spent reading restores, per tier.", labels=["tier"]
+        )
+        seconds = snapshot.get("fetch_seconds", {})
+        for tier in tiers:
+            fetch.add_metric([tier], seconds.get(tier, 0.0))
+        yield fetch
         events = CounterMetricFamily(
             TIER_STORE_EVENTS,
             "Tiered-store events (writes, hits, misses, drops).",
             labels=["event"],
         )
-        for event, count in snapshot.get("store", {}).items():
+        store = snapshot.get("store", {})
+        for event, count in store.items():
             events.add_metric([event], count)
         yield events
+        yield CounterMetricFamily(
+            TIER_WRITE_DROPPED,
+            "Evicted pages the write-behind dropped: its queue to the NAS was full.",
+            value=store.get("write_dropped", 0),
+        )
         failures = CounterMetricFamily(
             TIER_FAILURES,
             "Tier operations that failed and became misses.",
             labels=["tier", "kind"],
         )
-        for key, count in snapshot.get("failures", {}).items():
+        counts = dict.fromkeys((f"{t}.{k}" for t in tiers for k in RESTORE_FAILURES), 0)
+        counts.update(snapshot.get("failures", {}))
+        for key, count in counts.items():
             tier, _, kind = key.partition(".")
             failures.add_metric([tier, kind], count)
         yield failures

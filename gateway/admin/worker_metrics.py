@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.metric_names import TIER_PREFIX, WORKER_PREFIX
-
-_FIELDS = ("used_bytes", "items", "hits", "misses", "bytes_read", "bytes_written", "corruptions")
+from protocol.metric_names import TIER_FIGURES, TIER_PREFIX, WORKER_PREFIX
 
 
 @dataclass
@@ -56,21 +54,26 @@ def parse(text: str) -> Scrape:
     """Tier figures and plain gauges (queue, running, pool use) from a metrics page."""
     out = Scrape()
     for family in text_string_to_metric_families(text):
-        name = family.name.removesuffix("_total")
         for sample in family.samples:
             if sample.name.endswith(("_created", "_bucket", "_sum", "_count")):
                 continue
             tier = sample.labels.get("tier")
-            short = name.removeprefix(TIER_PREFIX)
-            if tier is not None and name.startswith(TIER_PREFIX):
+            if tier is not None and sample.name.startswith(TIER_PREFIX):
                 figures = out.tiers.setdefault(tier, TierFigures(tier))
-                if short in _FIELDS:
-                    setattr(figures, short, getattr(figures, short) + int(sample.value))
-                elif short == "failures":
-                    figures.failures += int(sample.value)
-            elif not sample.labels and name.startswith(WORKER_PREFIX):
-                out.gauges[name.removeprefix(WORKER_PREFIX)] = sample.value
+                field = _FIELDS.get(sample.name.removeprefix(TIER_PREFIX))
+                if field is not None:
+                    setattr(figures, field, getattr(figures, field) + int(sample.value))
+            elif not sample.labels and family.name.startswith(WORKER_PREFIX):
+                out.gauges[family.name.removeprefix(WORKER_PREFIX)] = sample.value
     return out
+
+
+#: metric name after the tier prefix -> the figure of :class:`TierFigures` it adds to
+_FIELDS = {
+    name: field
+    for field, name in (TIER_FIGURES | {"failures": "failures_total"}).items()
+    if field in TierFigures.__dataclass_fields__
+}
 
 
 async def scrape(client: httpx.AsyncClient, url: str) -> Scrape:

@@ -140,6 +140,18 @@ LEFT JOIN LATERAL (
 WHERE u.ts >= greatest($1, r.reported) AND u.ts < $2
 GROUP BY 1, 2, 3, 4
 """
+#: The oldest paid usage that Stripe has not been sent yet: not planned into a report row, or
+#: planned and not acknowledged (within the age Stripe still accepts).
+_UNREPORTED = f"""
+SELECT least(
+    (SELECT min(u.ts) {_PAID_USAGE}
+     LEFT JOIN LATERAL (
+         SELECT max(m.ends_at) AS reported FROM meter_reports m WHERE m.team_id = b.team_id
+     ) r ON true
+     WHERE u.ts >= coalesce(r.reported, '-infinity'::timestamptz) AND u.ts >= $1),
+    (SELECT min(event_time) FROM meter_reports WHERE sent_at IS NULL AND event_time >= $1)
+)
+"""
 _PERIODS = """
 SELECT team_id, started_at, ended_at FROM billing_periods
 WHERE team_id = ANY($1::bigint[]) AND coalesce(ended_at, 'infinity'::timestamptz) > $2
@@ -320,3 +332,14 @@ async def _transaction(db: Db) -> AsyncIterator[asyncpg.Connection]:
     else:
         async with db.transaction():
             yield db
+
+
+async def unreported_seconds(db: Db, now: datetime | None = None) -> float:
+    """How long the oldest paid usage has waited for Stripe (0 when everything is sent).
+
+    The reporter closes an hour :data:`SETTLE` after it ends and runs every few minutes, so
+    a healthy system stays under about 1.5 h; more means reports are not going out.
+    """
+    now = now or datetime.now(UTC)
+    oldest = await db.fetchval(_UNREPORTED, now - timedelta(days=MAX_AGE_DAYS))
+    return 0.0 if oldest is None else max((now - oldest).total_seconds(), 0.0)

@@ -9,12 +9,14 @@ import logging
 import signal
 
 import click
+from prometheus_client import start_http_server
 
 from kvgate.settings import Settings, load_settings
 from kvgate.stack.postgres import create_pool
 from kvgate.wiring.database import settings_database
 from kvgate.wiring.tiering import nas_config, object_config, tierd_config
 from tiering.tierd import Tierd
+from tiering.tierd_metrics import TierdMetrics
 from tiering.tiers.nas import NasTier
 from tiering.tiers.object import ObjectTier
 
@@ -24,7 +26,8 @@ async def _run(settings: Settings, dsn: str, once: bool) -> None:
     nas = NasTier(nas_config(settings))
     obj_cfg = object_config(settings)
     obj = await ObjectTier(obj_cfg).start() if obj_cfg else None
-    tierd = Tierd(pool, nas, obj, tierd_config(settings))
+    config = tierd_config(settings)
+    tierd = Tierd(pool, nas, obj, config)
     try:
         if once:
             report = await tierd.run_pass()
@@ -34,12 +37,20 @@ async def _run(settings: Settings, dsn: str, once: bool) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        metrics = TierdMetrics(config)
+        if settings.tierd_metrics_port:
+            try:
+                start_http_server(
+                    settings.tierd_metrics_port, settings.bind_host, registry=metrics.registry
+                )
+            except OSError as exc:  # metrics are for watching; tierd's work goes on
+                click.echo(f"tierd: no /metrics on port {settings.tierd_metrics_port}: {exc}")
         click.echo(
             f"tierd: NAS {settings.nas_dir}, object store "
             f"{obj_cfg.endpoint_url + '/' + obj_cfg.bucket if obj_cfg else 'none'}, "
             f"pass every {settings.tierd_interval_s:g}s"
         )
-        await tierd.run_forever(stop)
+        await tierd.run_forever(stop, metrics.observe)
     finally:
         if obj is not None:
             await obj.close()
@@ -51,6 +62,9 @@ async def _run(settings: Settings, dsn: str, once: bool) -> None:
 @click.option("--once", is_flag=True, help="Run a single pass, print its report as JSON, exit.")
 def tierd(once: bool) -> None:
     """Demote cold KV pages NAS -> S3, enforce capacity/quotas, collect orphans.
+
+    Serves Prometheus metrics on KVGATE_TIERD_METRICS_PORT (passes, pages moved, the
+    shared tiers' sizes and limits) unless it is 0 or --once is given.
 
     Without an S3 endpoint, pages above the NAS watermark are deleted instead of demoted.
     Several tierd processes may run at once; each pass is taken by one of them.

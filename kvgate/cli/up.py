@@ -16,7 +16,13 @@ from kvgate.stack.supervisor import Stack, run
 
 
 @click.command()
-def up() -> None:
+@click.option(
+    "--monitoring",
+    is_flag=True,
+    help="Also run Prometheus (Debian's `prometheus` package) scraping the stack, with "
+    "kvgate's alert rules loaded; its address is printed on its ready line.",
+)
+def up(monitoring: bool) -> None:
     """Run the single-machine stack in the foreground until Ctrl-C or SIGTERM.
 
     \b
@@ -30,7 +36,8 @@ def up() -> None:
       nas         creates KVGATE_NAS_PATH (default $KVGATE_HOME/nas), checks it is
                   a writable directory
       tierd       `kvgate tierd`: keeps the NAS and the object store within their
-                  limits; ready when it logs its `tierd: ...` line
+                  limits, metrics on KVGATE_TIERD_METRICS_PORT; ready when it logs its
+                  `tierd: ...` line
       worker      `kvgate worker` (built-in engine, KVGATE_WORKER_MODEL, default
                   SmolLM2-135M-Instruct fetched once) on KVGATE_WORKER_PORT, run by
                   `kvgate agent`, which enters it in the worker registry (so the
@@ -40,6 +47,10 @@ def up() -> None:
                   under /v1), ready when GET /readyz answers
       billing     only when KVGATE_STRIPE_SECRET_KEY is set: `kvgate billing report
                   --every 15` sends metered usage to Stripe; ready at its first line
+      prometheus  only with --monitoring: Prometheus on KVGATE_PROMETHEUS_PORT,
+                  scraping the gateway, the worker and tierd every 5 s, with the
+                  alerts of infra/prometheus/kvgate-rules.yml; data in
+                  $KVGATE_HOME/prometheus (the dashboard: infra/grafana/kvgate.json)
 
     \b
     Each part is waited for by probing it (a query, an S3 call, an HTTP health check,
@@ -62,7 +73,8 @@ def up() -> None:
     """
     settings = load_settings()
     with _one_stack_per_home(settings.home.absolute()):
-        stack = Stack(stack_parts(settings), ready_timeout=settings.ready_timeout, echo=_out)
+        parts = stack_parts(settings, monitoring=monitoring)
+        stack = Stack(parts, ready_timeout=settings.ready_timeout, echo=_out)
         code = run(stack, echo=_out, echo_err=_err)
     raise SystemExit(code)
 

@@ -22,6 +22,7 @@ from kvgate.models.registry import served_model_id
 from kvgate.settings import Settings, mask_url_password
 from kvgate.stack.postgres import embedded_postgres
 from kvgate.stack.process import Probe, ProcessPart, http_probe, kvgate_argv, log_line_probe
+from kvgate.stack.prometheus import PrometheusPart
 from kvgate.stack.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
 from kvgate.stack.supervisor import Part, PartError, Ready
 from migrations import runner
@@ -32,8 +33,9 @@ from migrations import runner
 BILLING_REPORT_EVERY_MIN = 15
 
 
-def stack_parts(settings: Settings) -> list[Part]:
-    """Everything ``kvgate up`` runs, in start order (stopped in reverse)."""
+def stack_parts(settings: Settings, *, monitoring: bool = False) -> list[Part]:
+    """Everything ``kvgate up`` runs, in start order (stopped in reverse); with
+    ``monitoring``, a Prometheus scraping the services last."""
     home = settings.home.absolute()
     url = settings.database_url.get_secret_value() if settings.database_url else None
     return [
@@ -50,6 +52,7 @@ def stack_parts(settings: Settings) -> list[Part]:
         ),
         http_service(settings, "gateway", kvgate_argv("gateway"), settings.gateway_port, "/readyz"),
         *billing_parts(settings),
+        *([PrometheusPart(settings)] if monitoring else []),
     ]
 
 

@@ -22,7 +22,7 @@ from playwright.async_api import Page, Response, async_playwright, expect
 
 from kvgate.stack.ports import free_port
 from tests.support.accounts import PASSWORD
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PHONE
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, needs_chromium
 from tests.support.gateway import (
     KVGATE,
     deregister,
@@ -32,6 +32,8 @@ from tests.support.gateway import (
     stub_upstream,
     unique,
 )
+
+pytestmark = needs_chromium
 
 
 @contextlib.contextmanager

@@ -2,106 +2,22 @@
 
 from __future__ import annotations
 
-import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
-import pytest
 
 from kvgate.stack.ports import free_port
 from migrations import runner
 from tests.support.commands import kvgate_env
+from tests.support.stack import processes_referencing, start_up
 
 STARTUP_DEADLINE_S = 120.0
 EXIT_DEADLINE_S = 60.0
-
-
-class Lines:
-    """The lines a child prints, collected by a thread so the test can wait with a deadline."""
-
-    def __init__(self, stream) -> None:
-        self.seen: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
-
-    def _pump(self, stream) -> None:
-        for line in stream:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, pattern: str, deadline_s: float) -> str:
-        """The first line matching ``pattern``; fails at the deadline or at end of output."""
-        deadline = time.monotonic() + deadline_s
-        for line in self.seen:
-            if re.search(pattern, line):
-                return line
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                pytest.fail(f"output ended before {pattern!r}; got {self.seen}")
-            self.seen.append(line)
-            if re.search(pattern, line):
-                return line
-        pytest.fail(f"no line matching {pattern!r} within {deadline_s:.0f}s; got {self.seen}")
-
-
-def processes_referencing(home: Path) -> list[str]:
-    """Live processes of that stack: ``home`` in their command line (postgres -D, weed
-    -dir=...) or as the KVGATE_HOME they inherited (every child of ``kvgate up``)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        try:
-            inherited = proc.environ().get("KVGATE_HOME") == str(home)
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            inherited = False
-        if inherited or any(str(home) in arg for arg in cmdline):
-            found.append(" ".join(cmdline))
-    return found
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    """A fresh KVGATE_HOME; afterwards nothing may still run from it.
-
-    Not under pytest's tmp_path: as root, the embedded Postgres runs as the user
-    ``pgserver``, which must traverse every parent of its data directory, and each new
-    pytest session on the machine resets /tmp/pytest-of-<user> to mode 0700.
-    """
-    path = Path(tempfile.mkdtemp(prefix="kvgate-up-test-")) / "home"
-    yield path
-    assert processes_referencing(path) == []
-    shutil.rmtree(path.parent)
-
-
-def start_up(home: Path, **env: str) -> tuple[subprocess.Popen[str], Lines]:
-    """``kvgate up`` on free ports, serving the seeded tiny random model (loads in a second)."""
-    env.setdefault("KVGATE_GATEWAY_PORT", str(free_port()))
-    env.setdefault("KVGATE_WORKER_PORT", str(free_port()))
-    env.setdefault("KVGATE_WORKER_MODEL", "tiny-random")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvgate", "up"],
-        env=kvgate_env(home, **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return proc, Lines(proc.stdout)
 
 
 def test_up_serves_postgres_and_s3_and_sigint_leaves_nothing_running(home: Path) -> None:

@@ -17,7 +17,15 @@ CHROMIUM_ARGS = [
 ]
 PHONE = {"width": 390, "height": 844}
 
-#: mark a browser test module with ``pytestmark = needs_chromium``
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install -y chromium)"
-)
+#: mark a browser test module with ``pytestmark = needs_chromium``: without the browser it
+#: fails and says how to install it (``make test`` checks first), never skips silently
+needs_chromium = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's Chromium, which the browser tests drive."""
+    assert CHROMIUM.exists(), (
+        "the browser tests need Debian's chromium: apt-get install -y chromium"
+    )
+    return CHROMIUM

@@ -80,6 +80,9 @@ class EngineLoad:
     #: pages the prefix cache evicted to make room (handed to the lower tiers, if any),
     #: since start; a flush does not count
     evicted_pages: int = 0
+    #: seconds the engine spent computing prompt tokens, since start (with the prompt tokens
+    #: computed, what a recompute costs per token: what a restore must beat)
+    prefill_seconds: float = 0.0
 
 
 class Engine(Protocol):

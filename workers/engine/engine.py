@@ -199,6 +199,7 @@ class TorchEngine:
             cached_pages=self.cache.cached_pages,
             preemptions=self.scheduler.stats.preemptions,
             evicted_pages=self.cache.evicted_pages,
+            prefill_seconds=self.scheduler.stats.prefill_seconds,
         )
 
     # --- extras for the server and tests --------------------------------------------------------

@@ -176,7 +176,8 @@ def registered_worker(
 @contextlib.contextmanager
 def tierd(site: Site, log_dir: Path) -> Iterator[None]:
     """``kvgate tierd`` on ``site`` (its limits come from ``site.env``)."""
-    part = ProcessPart("tierd", kvgate_argv("tierd"), probe=lambda: None, log_path=log_dir / "tierd.log", env=site.env)  # fmt: skip
+    env = {**site.env, "KVGATE_TIERD_METRICS_PORT": "0"}  # several sites, no dashboards
+    part = ProcessPart("tierd", kvgate_argv("tierd"), probe=lambda: None, log_path=log_dir / "tierd.log", env=env)  # fmt: skip
     part.start({})
     try:
         yield

@@ -355,3 +355,29 @@ async def test_days_reported_before_the_move_to_hours_are_never_sent_again(
         assert outcome.differences == []
     finally:
         await pool.close()
+
+
+async def test_the_oldest_unreported_paid_usage_is_what_the_lag_metric_reads(
+    pg_dsn: str, stripe_account: RecordingStripe
+) -> None:
+    """``kvgate_billing_unreported_seconds``: paid usage not yet with Stripe ages until a
+    report sends it; free usage never counts."""
+    pool = await scratch_pool(pg_dsn)
+    try:
+        async with pool.acquire() as conn:
+            await runner.migrate(conn)
+        # a quarter to the hour: the last 20 minutes lie in an hour that is still open
+        now = meters.hour_of(datetime.now(UTC)) - timedelta(minutes=15)
+        assert await meters.unreported_seconds(pool, now) == 0.0
+        team_id, _, _ = await paying_team(pool, paid_since=now - timedelta(hours=5))
+        free_id, _, _ = await paying_team(pool)  # a customer without a paid period
+        await use(pool, free_id, now - timedelta(hours=9), 100, 0, 1)
+        await use(pool, team_id, now - timedelta(hours=3), 100, 10, 1)
+        await use(pool, team_id, now - timedelta(minutes=20), 100, 10, 1)
+        assert await meters.unreported_seconds(pool, now) == 3 * 3600
+        client = stripe_client(meter_config(), stripe_account)
+        assert (await meters.report(pool, client, now)).failed == {}
+        # the closed hours went out; the last 20 minutes wait for their hour to close
+        assert await meters.unreported_seconds(pool, now) == 20 * 60
+    finally:
+        await pool.close()
