@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -44,6 +45,11 @@ from gateway.pages.mailer import Mailer
 from gateway.public.routes import public_routes
 from gateway.router import Router
 from gateway.usage import UsageRecorder
+
+log = logging.getLogger(__name__)
+
+#: what a client is told of a bug in the gateway
+INTERNAL_ERROR = "Internal error in the gateway; retry, and report it if it persists."
 
 
 class Gateway:
@@ -193,7 +199,11 @@ class Gateway:
                     headers=headers,
                 )
             )
-        return await call.forward(request, headers)
+        try:
+            return await call.forward(request, headers)
+        except Exception:  # a bug after admission: its lease and usage row are not lost
+            log.exception("request %s failed after admission", call.request_id)
+            return call.finish_error(ApiError(500, INTERNAL_ERROR, headers=headers))
 
     def _free_slots(self) -> int:
         capacity = sum(w.capacity for w in self.router.workers())
@@ -202,9 +212,7 @@ class Gateway:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """A bug, answered in the OpenAI error shape (uvicorn still logs the traceback)."""
-    return ApiError(
-        500, "Internal error in the gateway; retry, and report it if it persists."
-    ).response()
+    return ApiError(500, INTERNAL_ERROR).response()
 
 
 def build_app(config: GatewayConfig) -> Starlette:

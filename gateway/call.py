@@ -59,6 +59,7 @@ class Call:
         self.outcome = proxy.Outcome()
         self.worker = ""
         self.upstream_s = 0.0
+        self._finished = False
 
     async def forward(self, request: Request, headers: dict[str, str]) -> Response:
         """Route, proxy (retrying other workers before the first byte) and respond.
@@ -190,7 +191,10 @@ class Call:
         )
 
     async def _finish(self) -> None:
-        """Release the admission lease and record usage and metrics."""
+        """Release the admission lease and record usage and metrics, once per request."""
+        if self._finished:
+            return
+        self._finished = True
         gw, out, who = self.gw, self.outcome, self.who
         now = time.perf_counter()
         ttft = None if out.first_token_at is None else (out.first_token_at - self.started)

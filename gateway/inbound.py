@@ -23,6 +23,7 @@ from protocol.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestError,
+    check_depth,
     validate,
 )
 
@@ -108,6 +109,7 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object.")
     try:
+        check_depth(body)
         request = validate(ChatCompletionRequest if chat else CompletionRequest, body)
     except RequestError as exc:
         raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None

@@ -32,6 +32,11 @@ from pydantic import (
 #: The real limit (the model's context) is checked by the server once the prompt is known.
 MAX_TOKENS_LIMIT = 1_000_000
 
+#: Deepest nesting of arrays and objects a request body may have. Real bodies nest a few
+#: levels (messages, content parts, a JSON schema); hundreds of levels only exhaust the
+#: recursion of whatever walks the body later, so they are refused as they are read.
+MAX_DEPTH = 64
+
 #: The seeds a request may carry: any signed or unsigned 64-bit integer (what a
 #: ``torch.Generator`` takes; larger ones would fail inside the worker's engine).
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -255,9 +260,29 @@ def parse_body(model: type[M], body: bytes) -> M:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
+    check_depth(data)
     return validate(model, data)
+
+
+def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
+    """:class:`RequestError` when ``data`` nests arrays and objects deeper than ``limit``.
+
+    Iterative, so that the check itself cannot run out of stack."""
+    level: list[Any] = [data]
+    for _ in range(limit):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return
+    raise RequestError(f"the request body nests deeper than {limit} levels")
 
 
 def validate(model: type[M], data: dict[str, Any]) -> M:

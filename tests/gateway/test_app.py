@@ -6,6 +6,7 @@ the test with the official client against built-in workers is test_gateway_opena
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -210,3 +211,25 @@ async def test_every_request_leaves_one_usage_row(rig: Rig, pg_pool: asyncpg.Poo
         "SELECT used FROM rate_daily WHERE subject = $1", f"team:{team_id}"
     )
     assert spent == sum(r["prompt_tokens"] + r["completion_tokens"] for r in found)
+
+
+async def test_a_body_nested_too_deep_is_a_400_that_holds_no_lease(
+    rig: Rig, pg_pool: asyncpg.Pool
+) -> None:
+    """Bodies nested hundreds of levels once passed admission, then failed to re-serialise:
+    a 500 whose concurrency lease lived 11 minutes. Two filled a plan's concurrency."""
+    _, key = await team_key(pg_pool, max_concurrent=1)
+    auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    for depth in (300, 300, 1200):
+        raw = _deep_json(rig, depth)
+        response = httpx.post(rig.url + "/v1/chat/completions", content=raw, headers=auth)
+        assert response.status_code == 400, response.text
+        assert re.search("nests deeper|depth limit", _error(response)["message"])
+    ok = httpx.post(rig.url + "/v1/chat/completions", json=_chat(rig), headers=auth)
+    assert ok.status_code == 200, ok.text  # the plan's one slot is free
+
+
+def _deep_json(rig: Rig, depth: int) -> bytes:
+    """A chat body with ``depth`` nested arrays, written by hand (encoders refuse it)."""
+    head = orjson.dumps(_chat(rig))[:-1]
+    return head + b',"metadata":' + b"[" * depth + b'"deep"' + b"]" * depth + b"}"
