@@ -19,7 +19,7 @@ import asyncpg
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway import inbound, proxy
@@ -39,7 +39,7 @@ from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics, ReplicaState
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.openapi import document
-from gateway.pages.headers import SecurityHeadersMiddleware
+from gateway.pages.headers import SECURITY_HEADERS, SecurityHeadersMiddleware
 from gateway.pages.kit import PageKit
 from gateway.pages.mailer import Mailer
 from gateway.public.routes import public_routes
@@ -120,8 +120,9 @@ class Gateway:
         """Ready when Postgres answers; reports the healthy workers too."""
         try:
             await self.pool.fetchval("SELECT 1", timeout=HOT_TIMEOUT_S)
-        except UNAVAILABLE as exc:
-            return JSONResponse({"status": "database unavailable", "detail": str(exc)}, 503)
+        except UNAVAILABLE as exc:  # the cause is for the logs, not for the public
+            log.warning("readyz: database unavailable: %r", exc)
+            return JSONResponse({"status": "database unavailable"}, 503)
         return JSONResponse({"status": "ready", "workers": len(self.router.workers())})
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -211,8 +212,23 @@ class Gateway:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    """A bug, answered in the OpenAI error shape (uvicorn still logs the traceback)."""
-    return ApiError(500, INTERNAL_ERROR).response()
+    """A bug, answered in the OpenAI error shape (uvicorn still logs the traceback).
+
+    Starlette answers it outside every middleware, so the security headers are set here."""
+    response = ApiError(500, INTERNAL_ERROR).response()
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+async def _bad_value(request: Request, exc: Exception) -> Response:
+    """A value Postgres refuses as data (a NUL byte in text, a number beyond 64 bits): it
+    came from the client, whichever form, query or path carried it, so it is a 400."""
+    message = (
+        "A value in this request cannot be stored (a NUL character, or a number out of range)."
+    )
+    if request.url.path.startswith("/v1/"):
+        return ApiError(400, message).response()
+    return PlainTextResponse(message, 400)
 
 
 def build_app(config: GatewayConfig) -> Starlette:
@@ -236,16 +252,18 @@ def build_app(config: GatewayConfig) -> Starlette:
         *admin_routes(site, config.site, config.worker_timeout_s),
     ]
     middleware = [
+        # CSP, frame, referrer and sniffing headers on every response, 413s included.
+        Middleware(SecurityHeadersMiddleware),
         Middleware(RequestIdMiddleware),
         Middleware(BodyLimitMiddleware, limit=config.body_limit),
-        # CSP, frame, referrer and sniffing headers on every response.
-        Middleware(SecurityHeadersMiddleware),
     ]
     app = Starlette(
         routes=routes,
         middleware=middleware,
         lifespan=gw.lifespan,
-        exception_handlers={Exception: _internal_error},
+        exception_handlers={Exception: _internal_error, asyncpg.DataError: _bad_value},
     )
+    # A redirect from /path/ to /path would be built from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     return app

@@ -22,6 +22,8 @@ HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
 )
 _NAMES = {name for name, _ in HEADERS}
+#: the same headers as text, for a response made outside the middleware
+SECURITY_HEADERS: dict[str, str] = {name.decode(): value.decode() for name, value in HEADERS}
 
 
 class SecurityHeadersMiddleware:
