@@ -55,9 +55,9 @@ class MemberViews:
         site = self.site
         user, team = await site.member(request, owner=True)
         email = users.normalize_email(text_field(await request.form(), "email"))
-        if "@" not in email or len(email) > 254:
+        if not users.is_valid_email(email):
             return await self._page(
-                request, user, team, error="Enter the email address to invite.", status=400
+                request, user, team, error="Enter a valid email address to invite.", status=400
             )
         if not await site.may_mail("invite", email):
             return await self._page(

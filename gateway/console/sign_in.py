@@ -32,8 +32,8 @@ class AuthViews:
         team = text_field(form, "team")
         password = text_field(form, "password", strip=False)
         error = None
-        if "@" not in email or len(email) > 254:
-            error = "Enter a valid email address."
+        if not users.is_valid_email(email):
+            error = "Enter a valid email address, like you@example.com."
         elif not team or len(team) > 80:
             error = "Name your team (up to 80 characters)."
         else:

@@ -7,6 +7,7 @@ one transaction, so there is never a user without a team or a team without an ow
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -55,6 +56,21 @@ class Member:
 def normalize_email(email: str) -> str:
     """The form in which emails are stored and compared."""
     return email.strip().lower()
+
+
+#: an address mail can go to: a dot-atom local part, a domain of DNS labels, a letter TLD.
+#: No spaces, quotes or control characters, so an address can never carry a header line
+#: (``a@b.co\r\nBcc: ...``) into a message.
+_EMAIL = re.compile(
+    r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}"
+)
+
+
+def is_valid_email(email: str) -> bool:
+    """Whether ``email`` is an address we accept for sign-up, invitations and leads."""
+    local, _, _ = email.partition("@")
+    return len(email) <= 254 and len(local) <= 64 and _EMAIL.fullmatch(email) is not None
 
 
 async def sign_up(pool: asyncpg.Pool, email: str, password_hash: str, team_name: str) -> int:

@@ -7,7 +7,6 @@ posts, and needs no separate counter to expire.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -15,13 +14,13 @@ import asyncpg
 from starlette.datastructures import FormData
 
 from gateway.pages.kit import text_field
+from gateway.pages.users import is_valid_email
 
 TEAM_SIZES = ("1-10", "11-50", "51-200", "201-1000", "1000+")
 MONTHLY_TOKENS = ("< 10M", "10M-100M", "100M-1B", "1B-10B", "> 10B")
 #: The hidden field a person never fills; a bot filling every input does.
 HONEYPOT = "website"
 
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _MAX_LEN = {"name": 200, "email": 254, "company": 200, "use_case": 2000, "message": 5000}
 
 
@@ -51,7 +50,7 @@ class LeadForm:
         for name in ("name", "company"):
             if not values[name]:
                 errors[name] = "Please fill this in."
-        if not _EMAIL.match(lead.email):
+        if not is_valid_email(lead.email):
             errors["email"] = "Enter a work email address like you@company.com."
         if lead.team_size not in TEAM_SIZES:
             errors["team_size"] = "Pick a team size."

@@ -31,7 +31,9 @@ Probe = Callable[[], Ready | None]
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Have the kernel SIGTERM this process when its parent dies (``preexec_fn`` on Linux:
+    runs in the child between fork and exec)."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -111,7 +113,7 @@ class ProcessPart:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         except OSError as exc:
             raise PartError(f"cannot run {self._argv[0]}: {exc}") from exc

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.stack.ports import free_ports
+from kvgate.stack.process import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -150,11 +151,18 @@ def seaweed_s3(
 ) -> Iterator[tuple[S3Endpoint, subprocess.Popen]]:
     """Run ``weed server -s3`` on free loopback ports until the block exits.
 
-    The process gets its own session so that stopping it never touches ours.
+    The process gets its own session so that stopping it never touches ours, and dies with
+    this process even when this one is killed before the block can stop it.
     """
     cmd, endpoint = weed_command(data_dir, access_key=access_key, secret_key=secret_key, host=host)
     log = open(log_path or Path(data_dir).absolute() / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
+    )
     try:
         wait_s3_ready(endpoint, proc, ready_timeout)
         if bucket:
