@@ -235,7 +235,9 @@ def build_app(config: GatewayConfig) -> Starlette:
     """The gateway ASGI app for ``config``."""
     gw = Gateway(config)
     # One page machinery (templates, CSRF, sessions, mail) for the console, site and admin.
-    site = PageKit(config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp))
+    site = PageKit(
+        config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp), config.trusted_proxies
+    )
     routes = [
         Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
         Route("/v1/completions", gw.completions, methods=["POST"]),

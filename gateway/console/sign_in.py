@@ -6,12 +6,17 @@ same either way); only sign-up must say so, because the person has to log in ins
 
 from __future__ import annotations
 
+import logging
+
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from gateway.console import throttle
 from gateway.pages import email_links, passwords, sessions, users
 from gateway.pages.kit import PageKit, safe_next, text_field
+
+log = logging.getLogger(__name__)
 
 
 class AuthViews:
@@ -27,6 +32,8 @@ class AuthViews:
 
     async def signup(self, request: Request) -> Response:
         """``POST /signup``: create the user and team, send the verification link."""
+        if wait := await self.site.over_limit(request, "signup"):
+            return self._too_many(request, wait)
         form = await request.form()
         email = users.normalize_email(text_field(form, "email"))
         team = text_field(form, "team")
@@ -99,11 +106,14 @@ class AuthViews:
     async def login(self, request: Request) -> Response:
         """``POST /login``: throttled password check, then a new session."""
         site = self.site
+        if wait := await site.over_limit(request, "login"):
+            return self._too_many(request, wait)
         form = await request.form()
         email = users.normalize_email(text_field(form, "email"))
         nxt = safe_next(text_field(form, "next"))
         password = text_field(form, "password", strip=False)
-        wait = await throttle.seconds_to_wait(site.db, email, site.config.login_free_failures)
+        client = site.client_address(request)
+        wait = await throttle.claim(site.db, email, client, site.config.login_free_failures)
         if wait > 0:
             response = site.render(
                 request,
@@ -118,8 +128,7 @@ class AuthViews:
             return response
         found = await users.credentials(site.db, email)
         ok = await passwords.verify_password(found.password_hash if found else None, password)
-        if not ok or found is None:
-            await throttle.failed(site.db, email)
+        if not ok or found is None:  # counted as failed already, by the claim
             return site.render(
                 request,
                 "login.html",
@@ -128,7 +137,7 @@ class AuthViews:
                 next=nxt,
                 error="Wrong email or password.",
             )
-        await throttle.succeeded(site.db, email)
+        await throttle.succeeded(site.db, email, client)
         if not found.verified:
             await self._send_verification(found.id, found.email)
             return site.render(request, "check_email.html", 403, email=found.email)
@@ -147,9 +156,28 @@ class AuthViews:
         return self.site.render(request, "forgot.html", sent=False)
 
     async def forgot(self, request: Request) -> Response:
-        """``POST /password/forgot``: mail a reset link if the account exists."""
-        site = self.site
+        """``POST /password/forgot``: the same answer for every address, at once; the reset
+        link goes out afterwards when the account exists, so the time to answer does not
+        tell which addresses have accounts."""
+        if wait := await self.site.over_limit(request, "forgot"):
+            return self._too_many(request, wait)
         email = users.normalize_email(text_field(await request.form(), "email"))
+        if not users.is_valid_email(email):
+            return self.site.render(
+                request, "forgot.html", 400, sent=False, error="Enter a valid email address."
+            )
+        response = self.site.render(request, "forgot.html", sent=True)
+        response.background = BackgroundTask(self._mail_reset, email)
+        return response
+
+    async def _mail_reset(self, email: str) -> None:
+        try:
+            await self._send_reset(email)
+        except Exception:  # after the answer went out: nobody else would hear of it
+            log.exception("password reset mail to %s failed", email)
+
+    async def _send_reset(self, email: str) -> None:
+        site = self.site
         found = await users.credentials(site.db, email)
         if found is not None and await site.may_mail("reset", email):
             await site.mail_link(
@@ -164,7 +192,19 @@ class AuthViews:
                 ),
                 user_id=found.id,
             )
-        return site.render(request, "forgot.html", sent=True)
+
+    def _too_many(self, request: Request, wait: float) -> Response:
+        """429: this address sent the form too often; a page that says when to come back."""
+        seconds = int(wait) + 1
+        response = self.site.render(
+            request,
+            "message.html",
+            429,
+            title="Too many attempts",
+            message=f"Too many attempts from your address. Try again in {seconds} seconds.",
+        )
+        response.headers["retry-after"] = str(seconds)
+        return response
 
     async def reset_form(self, request: Request) -> Response:
         """``GET /password/reset?token=...``."""
@@ -197,7 +237,7 @@ class AuthViews:
             return self._bad_reset(request)
         await users.set_password(site.db, found.user_id, await passwords.hash_password(password))
         await sessions.end_all(site.db, found.user_id)
-        await throttle.succeeded(site.db, found.email)
+        await throttle.reset(site.db, found.email)  # the owner proved the address
         # Following the emailed link proves the address, like verification does.
         await users.mark_verified(site.db, found.user_id)
         return await self._signed_in(found.user_id, "/console")

@@ -34,8 +34,13 @@ class AccountsConfig:
     #: Lifetime of email verification / invitation links, and of password-reset links.
     email_link_ttl_s: int = 3 * 24 * 3600
     reset_link_ttl_s: int = 3600
-    #: Failed logins in a row allowed before each further attempt must wait (doubling).
+    #: Failed logins in a row (per email and client address) allowed before each further
+    #: attempt must wait (doubling).
     login_free_failures: int = 10
+    #: Sign-ins, sign-ups and password resets one client address may send per window,
+    #: each form counted on its own (each costs a password hash, ~230 ms of a core).
+    auth_per_address: int = 30
+    auth_window_s: float = 600.0
     #: Links of one kind mailed to one address per hour; beyond it nothing is sent, so the
     #: forms cannot be used to flood someone's inbox.
     mails_per_hour: int = 5

@@ -19,7 +19,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from gateway.pages import email_links, sessions, users
+from gateway.client_ip import client_ip, free_tier_key
+from gateway.config import Network
+from gateway.pages import address_limit, email_links, sessions, users
 from gateway.pages.config import AccountsConfig
 from gateway.pages.csrf import Csrf
 from gateway.pages.mailer import Email, Mailer
@@ -38,11 +40,16 @@ class PageKit:
     """Shared parts of the account and console pages."""
 
     def __init__(
-        self, config: AccountsConfig, pool: Callable[[], asyncpg.Pool], mailer: Mailer
+        self,
+        config: AccountsConfig,
+        pool: Callable[[], asyncpg.Pool],
+        mailer: Mailer,
+        trusted_proxies: tuple[Network, ...] = (),
     ) -> None:
         self.config = config
         self._pool = pool
         self.mailer = mailer
+        self._trusted_proxies = trusted_proxies
         self.csrf = Csrf(config.session_secret, config.secure_cookies)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
@@ -54,6 +61,22 @@ class PageKit:
     def db(self) -> asyncpg.Pool:
         """The gateway's connection pool (opened in its lifespan, hence the getter)."""
         return self._pool()
+
+    def client_address(self, request: Request) -> str:
+        """Who sent ``request``, as the per-address limits count it: the client's IPv4
+        address or IPv6 /64 (``X-Forwarded-For`` believed from trusted proxies only)."""
+        peer = request.client.host if request.client else None
+        forwarded = request.headers.get("x-forwarded-for")
+        return free_tier_key(client_ip(peer, forwarded, self._trusted_proxies))
+
+    async def over_limit(self, request: Request, scope: str) -> float:
+        """Count ``request`` against its address's limit on ``scope`` (sign-in, sign-up,
+        password reset); 0 when within it, else the seconds to wait."""
+        cfg = self.config
+        client = self.client_address(request)
+        return await address_limit.hit(
+            self.db, scope, client, cfg.auth_per_address, cfg.auth_window_s
+        )
 
     async def may_mail(self, purpose: email_links.Purpose, email: str) -> bool:
         """Whether another ``purpose`` link may go to ``email`` now (see ``mails_per_hour``)."""

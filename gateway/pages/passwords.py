@@ -1,12 +1,14 @@
 """Password hashing with Argon2id (argon2-cffi), off the event loop.
 
-Argon2 is deliberately slow (tens of milliseconds); hashing runs in a worker thread so
-that one sign-in does not stall every request this replica is proxying.
+Argon2 is deliberately slow (~230 ms of a core here); hashing runs in a worker thread so
+that one sign-in does not stall every request this replica is proxying, and at most half
+the cores hash at once so that a burst of sign-ins cannot take them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -14,6 +16,10 @@ from argon2.exceptions import InvalidHashError, VerificationError
 _HASHER = PasswordHasher()  # argon2-cffi's RFC 9106 "low memory" profile
 
 MIN_LENGTH = 10
+
+#: hashes computed at once by this process: each takes a core for ~230 ms, and the API
+#: this replica proxies must keep the others (a burst of sign-ins waits its turn instead)
+_HASHING = asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
 
 #: Compared against when the email is unknown, so that a miss costs as much as a hit and
 #: response times do not reveal which emails have accounts.
@@ -32,7 +38,8 @@ def check_strength(password: str) -> None:
 
 async def hash_password(password: str) -> str:
     """The encoded Argon2id hash of ``password``."""
-    return await asyncio.to_thread(_HASHER.hash, password)
+    async with _HASHING:
+        return await asyncio.to_thread(_HASHER.hash, password)
 
 
 async def verify_password(encoded: str | None, password: str) -> bool:
@@ -44,4 +51,5 @@ async def verify_password(encoded: str | None, password: str) -> bool:
         except (VerificationError, InvalidHashError):
             return False
 
-    return await asyncio.to_thread(check)
+    async with _HASHING:
+        return await asyncio.to_thread(check)
