@@ -77,8 +77,9 @@ class KeyViews:
         return await self._page(request, user, team, secret=secret, status=201)
 
     async def revoke(self, request: Request) -> Response:
-        """``POST /console/teams/{id}/keys/{key_id}/revoke``."""
-        _, team = await self.site.member(request)
+        """``POST /console/teams/{id}/keys/{key_id}/revoke`` (owners: a plain member could
+        otherwise cut off every key the team's services run on)."""
+        _, team = await self.site.member(request, owner=True)
         key_id = request.path_params["key_id"]
         owned = await self.site.db.fetchval(
             "SELECT 1 FROM api_keys WHERE id = $1 AND team_id = $2", key_id, team.team_id

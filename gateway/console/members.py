@@ -50,6 +50,16 @@ class MemberViews:
         user, team = await self.site.member(request)
         return await self._page(request, user, team)
 
+    async def remove(self, request: Request) -> Response:
+        """``POST /console/teams/{id}/members/{user_id}/remove`` (owners): take someone out
+        of the team; their sessions stay, but the team's pages and keys are no longer theirs."""
+        user, team = await self.site.member(request, owner=True)
+        try:
+            await users.remove_member(self.site.db, team.team_id, request.path_params["user_id"])
+        except users.MembershipError as exc:
+            return await self._page(request, user, team, error=str(exc), status=400)
+        return RedirectResponse(f"/console/teams/{team.team_id}/members", status_code=303)
+
     async def invite(self, request: Request) -> Response:
         """``POST /console/teams/{id}/members/invite`` (owners): email an invitation."""
         site = self.site

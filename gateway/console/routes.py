@@ -84,6 +84,7 @@ def console_routes(
         Route(team + "/usage.csv", page(usage.csv), methods=["GET"]),
         Route(team + "/members", page(members.page), methods=["GET"]),
         Route(team + "/members/invite", post(members.invite), methods=["POST"]),
+        Route(team + "/members/{user_id:int}/remove", post(members.remove), methods=["POST"]),
         Route(team + "/billing", page(billing.page), methods=["GET"]),
         Route(team + "/billing/checkout", post(billing.upgrade), methods=["POST"]),
         Route(team + "/billing/portal", post(billing.portal), methods=["POST"]),

@@ -145,6 +145,29 @@ async def add_member(db: Any, user_id: int, team_id: int, role: str) -> None:
     )
 
 
+class MembershipError(ValueError):
+    """A membership change that cannot be made; the message says why."""
+
+
+async def remove_member(pool: asyncpg.Pool, team_id: int, user_id: int) -> None:
+    """Take ``user_id`` out of ``team_id``; never the team's last owner.
+
+    The team's owners are locked first, so two owners removing each other at once cannot
+    leave the team with none."""
+    async with pool.acquire() as conn, conn.transaction():
+        owners = await conn.fetch(
+            "SELECT user_id FROM memberships WHERE team_id = $1 AND role = 'owner' FOR UPDATE",
+            team_id,
+        )
+        if [r["user_id"] for r in owners] == [user_id]:
+            raise MembershipError("The team's last owner cannot leave it.")
+        removed = await conn.execute(
+            "DELETE FROM memberships WHERE team_id = $1 AND user_id = $2", team_id, user_id
+        )
+        if removed == "DELETE 0":
+            raise MembershipError("That person is not in this team.")
+
+
 async def members(db: Any, team_id: int) -> list[Member]:
     """Everyone in ``team_id``, owners first."""
     rows = await db.fetch(

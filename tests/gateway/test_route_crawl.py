@@ -70,8 +70,8 @@ def expected(role: str, method: str, path: str) -> set[int | str]:
             return {303}  # to the team's keys page
         if method == "GET":
             return {200}
-        if role == "member" and ("/billing/" in path or "/members/" in path):
-            return {403}
+        if role == "member" and ("/billing/" in path or "/members/" in path or "/revoke" in path):
+            return {403}  # owners only
         return {200, 201, 303, 400, 503}  # 503: billing without Stripe configured
     if path in ("/v1/chat/completions", "/v1/completions"):
         return {400}  # an empty body, whoever asks
@@ -91,12 +91,14 @@ async def _world(pool: asyncpg.Pool) -> World:
     team = await accounts.create_team(pool, f"crawl-{tag}", "team")
     key, _ = await accounts.create_key(pool, team.name, "crawl")
     ids = {}
-    for role in ("member", "owner", "staff"):
+    for role in ("member", "owner", "staff", "leaver"):
         ids[role], _ = await create_user(
             pool, f"crawl-{role}-{tag}@example.com", PASSWORD, staff=role == "staff"
         )
     await users.add_member(pool, ids["owner"], team.id, "owner")
     await users.add_member(pool, ids["member"], team.id, "member")
+    # the member whom the owner's crawl of /members/{user_id}/remove takes out of the team
+    await users.add_member(pool, ids["leaver"], team.id, "member")
     form = leads.LeadForm("Crawl", f"crawl-{tag}@example.com", "Crawl Co", "1-10", "< 10M", "", "")
     lead_id = await leads.store(pool, form, "10.255.0.1", 1000, 60)
     return World(team.id, key.id, lead_id, ids)
@@ -120,6 +122,7 @@ def _fill(path: str, world: World) -> str:
         path.replace("{team_id:int}", str(world.team_id))
         .replace("{key_id:int}", str(world.key_id))
         .replace("{lead_id:int}", str(world.lead_id))
+        .replace("{user_id:int}", str(world.user_ids["leaver"]))
     )
 
 

@@ -28,7 +28,11 @@ def _routes(app: Starlette) -> list[tuple[str, str]]:
 
 
 def _fill(path: str, team_id: int) -> str:
-    return path.replace("{team_id:int}", str(team_id)).replace("{key_id:int}", str(_KEY_ID))
+    return (
+        path.replace("{team_id:int}", str(team_id))
+        .replace("{key_id:int}", str(_KEY_ID))
+        .replace("{user_id:int}", "1")
+    )
 
 
 async def test_every_console_route_redirects_anonymous_browsers_to_login(
