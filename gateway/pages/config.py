@@ -39,7 +39,7 @@ class AccountsConfig:
     login_free_failures: int = 10
     #: Sign-ins, sign-ups and password resets one client address may send per window,
     #: each form counted on its own (each costs a password hash, ~230 ms of a core).
-    auth_per_address: int = 30
+    auth_per_address: int = 100
     auth_window_s: float = 600.0
     #: Links of one kind mailed to one address per hour; beyond it nothing is sent, so the
     #: forms cannot be used to flood someone's inbox.

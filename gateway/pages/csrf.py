@@ -3,7 +3,9 @@
 The cookie is HttpOnly and SameSite=Lax; the form field is ``HMAC(secret, cookie)``. A
 cross-site page can make the browser send the cookie but cannot read it or compute the
 field, so its forged post arrives without a valid token and gets 403. This also covers
-the forms used before signing in (login, sign-up), where there is no session yet.
+the forms used before signing in (login, sign-up), where there is no session yet. A post
+whose ``Origin`` names another host than the one it was sent to is refused as well:
+browsers send ``Origin`` with every form post, and no page can forge it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -50,9 +53,10 @@ class Csrf:
         )
 
     def valid(self, request: Request, submitted: str | None) -> bool:
-        """Whether ``submitted`` is the token of this browser's cookie."""
+        """Whether ``submitted`` is the token of this browser's cookies, posted from a page
+        of this host."""
         cookie = request.cookies.get(COOKIE)
-        if not cookie or not submitted:
+        if not cookie or not submitted or not _same_origin(request):
             return False
         return hmac.compare_digest(self._sign(cookie), submitted)
 
@@ -72,3 +76,11 @@ class Csrf:
             return await handler(request)
 
         return checked
+
+
+def _same_origin(request: Request) -> bool:
+    """No ``Origin`` (not a browser, or an old one), or one naming the host posted to."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host")

@@ -36,6 +36,8 @@ def accounts_config(**overrides: Any) -> AccountsConfig:
             session_secret="test-secret",
             public_base_url="http://console.test",
             billing=BillingConfig(webhook_secret="whsec_test"),
+            # every in-process test posts from the transport's one address
+            auth_per_address=1_000_000,
         ),
         **overrides,
     )
