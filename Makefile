@@ -5,13 +5,17 @@ PYTHON ?= python3
 VENV   := .venv
 PIP    := $(VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt
 BIN    := $(VENV)/bin
+# The Kubernetes manifests' security scanner (checkov) pins boto3, packaging and networkx
+# versions the project cannot use, so it lives in a virtual environment of its own.
+SCANNER := .venv-checkov
+CHECKOV := checkov==3.3.30
 
 .PHONY: up test lint format readme
 
 up: $(VENV)/.installed
 	$(BIN)/kvgate up
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev $(SCANNER)/.installed
 	scripts/check-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -45,4 +49,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 $(VENV)/.installed-dev: $(VENV)/.installed scripts/install-sglang-test-deps.sh
 	$(PIP) -e '.[dev,bench]'
 	scripts/install-sglang-test-deps.sh $(VENV)
+	touch $@
+
+$(SCANNER)/.installed: Makefile
+	$(PYTHON) -m venv $(SCANNER)
+	$(SCANNER)/bin/pip install --disable-pip-version-check -q '$(CHECKOV)'
 	touch $@
