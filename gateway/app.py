@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -25,7 +26,7 @@ from starlette.routing import Route
 from gateway import inbound, proxy
 from gateway.admin.routes import admin_routes
 from gateway.admission import DEGRADED, rate_headers, refusal_message
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, Principal
 from gateway.billing.meters import unreported_seconds
 from gateway.breaker import Breaker
 from gateway.call import PATHS, Call
@@ -142,12 +143,28 @@ class Gateway:
         return JSONResponse(document())
 
     async def models(self, request: Request) -> Response:
-        """Models of healthy workers, as an OpenAI model list."""
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "kvgate"}
-            for m in self.router.models()
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        """``GET /v1/models``: models of healthy workers, as an OpenAI model list."""
+        await self._caller(request)
+        return JSONResponse({"object": "list", "data": [_model(m) for m in self.router.models()]})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``: one model, or OpenAI's 404."""
+        await self._caller(request)
+        name = request.path_params["model"]
+        if name not in self.router.models():
+            raise ApiError(
+                404,
+                f"No healthy worker serves model {name!r}; GET /v1/models lists them.",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(_model(name))
+
+    async def _caller(self, request: Request) -> Principal:
+        """Who is asking (a kvgate key that is not live is refused on every /v1 route)."""
+        peer = request.client.host if request.client else None
+        ip = client_ip(peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies)
+        return await self.auth.authenticate(request.headers.get("authorization"), ip)
 
     # --- completions ------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -211,6 +228,29 @@ class Gateway:
         return math.floor(self.config.free_share * capacity)
 
 
+def _model(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "kvgate"}
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """An unknown route or a wrong method: OpenAI's error shape under /v1 (what clients
+    parse there), the plain answer on the pages."""
+    assert isinstance(exc, HTTPException)
+    if request.url.path.startswith("/v1/") or request.url.path == "/v1":
+        messages = {
+            404: f"No route {request.url.path}; see /openapi.json.",
+            405: (f"{request.method} is not allowed on {request.url.path}."),
+        }
+        message = messages.get(exc.status_code, str(exc.detail))
+        return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+    return PlainTextResponse(str(exc.detail), exc.status_code, headers=exc.headers)
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """A bug, answered in the OpenAI error shape (uvicorn still logs the traceback).
 
@@ -242,6 +282,7 @@ def build_app(config: GatewayConfig) -> Starlette:
         Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
         Route("/v1/completions", gw.completions, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/healthz", gw.healthz, methods=["GET"]),
         Route("/readyz", gw.readyz, methods=["GET"]),
         Route("/metrics", gw.metrics_endpoint, methods=["GET"]),
@@ -263,7 +304,12 @@ def build_app(config: GatewayConfig) -> Starlette:
         routes=routes,
         middleware=middleware,
         lifespan=gw.lifespan,
-        exception_handlers={Exception: _internal_error, asyncpg.DataError: _bad_value},
+        exception_handlers={
+            Exception: _internal_error,
+            asyncpg.DataError: _bad_value,
+            ApiError: _api_error,
+            HTTPException: _http_error,
+        },
     )
     # A redirect from /path/ to /path would be built from the client's Host header.
     app.router.redirect_slashes = False

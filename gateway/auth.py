@@ -52,19 +52,24 @@ class Authenticator:
         self._free: tuple[float, Plan] | None = None
 
     async def authenticate(self, authorization: str | None, client_ip: str) -> Principal:
-        """The caller; raises :class:`ApiError` 401 for bad keys, 503 when unverifiable."""
-        if not authorization:
-            plan = await self._free_plan()
-            client = free_tier_key(client_ip)
-            salt = hashlib.sha256(f"free:{client}".encode()).hexdigest()[:32]
-            return Principal(f"ip:{client}", plan, None, None, salt, client_ip)
-        scheme, _, secret = authorization.partition(" ")
+        """The caller; raises :class:`ApiError` 401 for bad keys, 503 when unverifiable.
+
+        No header, or a bearer token that is not a kvgate key (``EMPTY``,
+        ``sk-no-key-required``: the placeholders OpenAI clients send to servers that need
+        none), is the anonymous free tier. A ``kvg_`` token must be a live key.
+        """
+        scheme, _, secret = (authorization or "").partition(" ")
         secret = secret.strip()
+        if not authorization or (
+            scheme.lower() == "bearer" and not secret.startswith(keys.KEY_PREFIX)
+        ):
+            return await self._anonymous(client_ip)
         if scheme.lower() != "bearer" or not keys.well_formed(secret):
             raise ApiError(
                 401,
                 "Malformed API key. Send 'Authorization: Bearer kvg_...' with a key from "
-                "`kvgate admin keys create`, or no Authorization header for the free tier.",
+                "`kvgate admin keys create`, or any other bearer token (or none) for the "
+                "free tier.",
                 code="invalid_api_key",
             )
         owner = await self._owner(secret)
@@ -83,6 +88,12 @@ class Authenticator:
             owner.cache_salt,
             client_ip,
         )
+
+    async def _anonymous(self, client_ip: str) -> Principal:
+        plan = await self._free_plan()
+        client = free_tier_key(client_ip)
+        salt = hashlib.sha256(f"free:{client}".encode()).hexdigest()[:32]
+        return Principal(f"ip:{client}", plan, None, None, salt, client_ip)
 
     async def _owner(self, secret: str) -> KeyOwner | None:
         digest = keys.hash_key(secret)

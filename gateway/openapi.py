@@ -18,9 +18,14 @@ _RATE_HEADERS = {
 }
 
 
+def _error(description: str) -> dict[str, Any]:
+    """A response in OpenAI's error shape."""
+    return {"description": description, "content": {"application/json": {"schema": _ERROR}}}
+
+
 def _completion(summary: str, required: list[str]) -> dict[str, Any]:
     errors = {
-        str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+        str(code): _error(text)
         for code, text in (
             (400, "Invalid request (OpenAI error shape)."),
             (401, "Malformed, unknown or revoked API key."),
@@ -77,7 +82,28 @@ def document() -> dict[str, Any]:
             "/v1/models": {
                 "get": {
                     "summary": "Models served by healthy workers",
-                    "responses": {"200": {"description": "OpenAI model list"}},
+                    "responses": {
+                        "200": {"description": "OpenAI model list"},
+                        "401": _error("A kvg_ key that is malformed, unknown or revoked"),
+                    },
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model served by healthy workers",
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {"description": "OpenAI model object"},
+                        "401": _error("A kvg_ key that is malformed, unknown or revoked"),
+                        "404": _error("No healthy worker serves this model"),
+                    },
                 }
             },
             "/healthz": {"get": {"summary": "Process is alive", **plain["get"]}},

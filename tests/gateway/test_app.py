@@ -79,19 +79,36 @@ def test_service_endpoints_carry_request_ids(rig: Rig) -> None:
     assert "kvgate_gateway_requests_total" in httpx.get(rig.url + "/metrics").text
 
 
-def test_no_key_is_the_free_tier_and_bad_keys_are_401(rig: Rig, pg_dsn: str) -> None:
-    free = httpx.post(
-        rig.url + "/v1/chat/completions", json=_chat(rig), headers={"x-forwarded-for": _ip()}
-    )
-    assert free.status_code == 200, free.text
-    assert free.headers["x-ratelimit-limit-requests"] == "10"  # the free plan
-    for header in ("Bearer nope", "Basic abc", "Bearer kvg_" + "A" * 43):
-        response = httpx.post(
-            rig.url + "/v1/chat/completions", json=_chat(rig), headers={"authorization": header}
-        )
-        assert response.status_code == 401, (header, response.text)
-        assert _error(response)["type"] == "authentication_error"
-        assert "x-request-id" in response.headers
+def test_no_key_or_a_placeholder_is_the_free_tier_and_bad_keys_are_401(
+    rig: Rig, pg_dsn: str
+) -> None:
+    """OpenAI's SDK will not run without an api_key, so the placeholders OpenAI-compatible
+    servers accept (EMPTY, sk-no-key-required, any non-kvgate token) are the free tier; a
+    kvgate key must be live, on every /v1 route."""
+    for headers in ({}, {"authorization": "Bearer EMPTY"}, {"authorization": "Bearer sk-x"}):
+        free = httpx.post(rig.url + "/v1/chat/completions", json=_chat(rig), headers=headers)
+        assert free.status_code == 200, free.text
+        assert free.headers["x-ratelimit-limit-requests"] == "10"  # the free plan
+    for header in ("Basic abc", "Bearer kvg_short", "Bearer kvg_" + "A" * 43):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            response = httpx.request(
+                method, rig.url + path, json=_chat(rig), headers={"authorization": header}
+            )
+            assert response.status_code == 401, (header, path, response.text)
+            assert _error(response)["type"] == "authentication_error"
+            assert "x-request-id" in response.headers
+
+
+def test_models_one_by_one_and_unknown_routes_answer_in_openais_shape(rig: Rig) -> None:
+    one = httpx.get(f"{rig.url}/v1/models/{rig.model}")
+    assert one.status_code == 200 and one.json()["id"] == rig.model
+    assert one.json()["object"] == "model"
+    missing = httpx.get(rig.url + "/v1/models/no-such-model")
+    assert missing.status_code == 404 and _error(missing)["code"] == "model_not_found"
+    unknown = httpx.get(rig.url + "/v1/no-such-route")
+    assert unknown.status_code == 404 and "/v1/no-such-route" in _error(unknown)["message"]
+    wrong = httpx.get(rig.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and _error(wrong)["message"]
 
 
 async def test_revoked_key_is_refused(rig: Rig, pg_pool: asyncpg.Pool) -> None:

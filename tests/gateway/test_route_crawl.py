@@ -75,6 +75,8 @@ def expected(role: str, method: str, path: str) -> set[int | str]:
         return {200, 201, 303, 400, 503}  # 503: billing without Stripe configured
     if path in ("/v1/chat/completions", "/v1/completions"):
         return {400}  # an empty body, whoever asks
+    if path == "/v1/models/{model:path}":
+        return {404}  # no worker serves a model of that name
     if path == WEBHOOK_PATH:
         return {400}  # no Stripe signature
     if path in ("/signup", "/login", "/password/forgot", "/password/reset", "/contact"):
