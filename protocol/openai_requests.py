@@ -193,6 +193,10 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: TokenCount | None = None
     logprobs: StrictBool | None = None
     top_logprobs: int | None = None
+    #: passed through to engines that serve them (SGLang); the built-in one refuses them
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:

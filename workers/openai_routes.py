@@ -34,6 +34,7 @@ def openai_routes(ctx: WorkerContext) -> list[Route]:
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionRequest, await request.body())
         ctx.check_model(body.model)
+        _refuse_what_the_engine_cannot_do(body)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         try:
             prompt = ctx.chat_template(messages)
@@ -181,3 +182,27 @@ class _Shape:
                     usage = {"usage": delta.usage.openai()}
                     yield sse(self._envelope(self.chunk_object, []) | usage)
         yield DONE
+
+
+def _refuse_what_the_engine_cannot_do(body: ChatCompletionRequest) -> None:
+    """A 400 naming the field, never a silent 200 that ignores it: tools, tool results and
+    structured outputs are not served by the built-in engine (SGLang workers serve them)."""
+    if body.tools:
+        raise RequestError(
+            "the built-in engine does not call tools (this model's chat template takes no "
+            "tool definitions); remove 'tools'",
+            param="tools",
+        )
+    if any(m.role == "tool" for m in body.messages):
+        raise RequestError(
+            "the built-in engine does not take tool results ('tool' messages): this model's "
+            "chat template has no place for them",
+            param="messages",
+        )
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise RequestError(
+            f"response_format {kind!r} (structured output) is not supported by the built-in "
+            "engine; remove it, or use a worker that supports it",
+            param="response_format",
+        )

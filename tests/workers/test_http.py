@@ -339,3 +339,40 @@ async def test_chat_for_an_unknown_model_is_404_model_not_found(
     assert resp.status_code == 404
     assert resp.json()["error"]["code"] == "model_not_found"
     assert "'nope'" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "weather?"},
+                    {"role": "assistant", "content": None},
+                    {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+                ]
+            },
+            "messages",
+            "tool results",
+        ),
+        ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
+    ],
+)
+async def test_what_the_engine_cannot_do_is_a_400_that_says_so(
+    worker_client: httpx.AsyncClient, extra: dict, param: str, words: str
+) -> None:
+    """Never a 200 that silently ignored the field (a template internal leaked before)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = await worker_client.post("/v1/chat/completions", json=body | extra)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"]
+
+
+async def test_response_format_text_is_what_it_always_was(worker_client: httpx.AsyncClient) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = await worker_client.post(
+        "/v1/chat/completions", json=body | {"response_format": {"type": "text"}}
+    )
+    assert response.status_code == 200, response.text
