@@ -21,7 +21,14 @@ import psutil
 from kvgate.models.registry import served_model_id
 from kvgate.settings import Settings, mask_url_password
 from kvgate.stack.postgres import embedded_postgres
-from kvgate.stack.process import Probe, ProcessPart, http_probe, kvgate_argv, log_line_probe
+from kvgate.stack.process import (
+    LateProcessPart,
+    Probe,
+    ProcessPart,
+    http_probe,
+    kvgate_argv,
+    log_line_probe,
+)
 from kvgate.stack.prometheus import PrometheusPart
 from kvgate.stack.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
 from kvgate.stack.supervisor import Part, PartError, Ready
@@ -251,47 +258,31 @@ class ExternalS3Part:
         """Nothing to stop."""
 
 
-class SeaweedPart:
+class SeaweedPart(LateProcessPart):
     """SeaweedFS (``weed server -s3``) on free loopback ports, data in ``$KVGATE_HOME/s3``."""
 
     name = "s3"
 
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self._settings = settings
-        self._process: ProcessPart | None = None
 
-    def start(self, env: Mapping[str, str]) -> None:
-        """Pick free ports now (not earlier, so that nothing takes them meanwhile) and spawn."""
+    def process(self, env: Mapping[str, str]) -> ProcessPart:
+        """Pick free ports now (not earlier, so that nothing takes them meanwhile)."""
         s = self._settings
-        home = s.home.absolute()
         argv, endpoint = weed_command(
             s.s3_dir.absolute(),
             access_key=s.s3_access_key.get_secret_value(),
             secret_key=s.s3_secret_key.get_secret_value(),
         )
         endpoint = S3Endpoint(endpoint.url, endpoint.access_key, endpoint.secret_key, s.s3_region)
-        self._process = ProcessPart(
+        return ProcessPart(
             self.name,
             argv,
             probe=lambda: _s3_ready(endpoint, s.s3_bucket),
-            log_path=home / "logs" / "s3.log",
+            log_path=s.home.absolute() / "logs" / "s3.log",
             stop_timeout=s.stop_timeout,
         )
-        self._process.start(env)
-
-    def probe(self) -> Ready | None:
-        """Ready once the S3 API answers and the bucket exists."""
-        assert self._process is not None
-        return self._process.probe()
-
-    def failure(self) -> str | None:
-        """Why ``weed`` exited, if it did."""
-        return None if self._process is None else self._process.failure()
-
-    def stop(self) -> None:
-        """SIGTERM ``weed`` (SIGKILL after the stop timeout)."""
-        if self._process is not None:
-            self._process.stop()
 
 
 class NasPart:

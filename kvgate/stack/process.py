@@ -178,3 +178,36 @@ class ProcessPart:
         except OSError as exc:
             return f"(log unreadable: {exc})"
         return "\n".join(text.splitlines()[-lines:])
+
+
+class LateProcessPart:
+    """A part whose child process is only decided when it starts (free ports picked then, a
+    configuration file written then): subclasses build it in :meth:`process`."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._process: ProcessPart | None = None
+
+    def process(self, env: Mapping[str, str]) -> ProcessPart:
+        """The child to run, built now."""
+        raise NotImplementedError
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """Build the child and spawn it."""
+        self._process = self.process(env)
+        self._process.start(env)
+
+    def probe(self) -> Ready | None:
+        """The child's probe, once it runs."""
+        assert self._process is not None
+        return self._process.probe()
+
+    def failure(self) -> str | None:
+        """Why the child exited, if it did."""
+        return None if self._process is None else self._process.failure()
+
+    def stop(self) -> None:
+        """SIGTERM the child (SIGKILL after the stop timeout)."""
+        if self._process is not None:
+            self._process.stop()

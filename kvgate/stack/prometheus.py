@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvgate.settings import Settings
-from kvgate.stack.process import ProcessPart, http_probe
+from kvgate.stack.process import LateProcessPart, ProcessPart, http_probe
 from kvgate.stack.supervisor import PartError, Ready
 
 #: the alert rules, as shipped in the checkout (``kvgate up`` runs from one)
@@ -49,22 +49,22 @@ def config(settings: Settings, rules: Path = RULES) -> dict[str, object]:
     }
 
 
-class PrometheusPart:
+class PrometheusPart(LateProcessPart):
     """Prometheus on ``bind_host:prometheus_port``, ready when ``/-/ready`` answers."""
 
     name = "prometheus"
 
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self._settings = settings
-        self._process: ProcessPart | None = None
 
     @property
     def url(self) -> str:
         """Where the Prometheus UI and HTTP API answer."""
         return f"http://{self._settings.bind_host}:{self._settings.prometheus_port}"
 
-    def start(self, env: Mapping[str, str]) -> None:
-        """Write the configuration and spawn Prometheus."""
+    def process(self, env: Mapping[str, str]) -> ProcessPart:
+        """Write the configuration now, and the command that reads it."""
         binary = shutil.which("prometheus")
         if binary is None:
             raise PartError(f"`kvgate up --monitoring` needs Prometheus; {INSTALL_HINT}")
@@ -79,25 +79,10 @@ class PrometheusPart:
             f"--storage.tsdb.path={home / 'data'}",
             f"--web.listen-address={s.bind_host}:{s.prometheus_port}",
         ]
-        self._process = ProcessPart(
+        return ProcessPart(
             self.name,
             argv,
             probe=http_probe(self.url + "/-/ready", Ready(self.url)),
             log_path=s.home.absolute() / "logs" / "prometheus.log",
             stop_timeout=s.stop_timeout,
         )
-        self._process.start(env)
-
-    def probe(self) -> Ready | None:
-        """Ready once Prometheus says so."""
-        assert self._process is not None
-        return self._process.probe()
-
-    def failure(self) -> str | None:
-        """Why Prometheus exited, if it did."""
-        return None if self._process is None else self._process.failure()
-
-    def stop(self) -> None:
-        """SIGTERM Prometheus (SIGKILL after the stop timeout)."""
-        if self._process is not None:
-            self._process.stop()
