@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from protocol.openai_requests import ChatCompletionRequest, CompletionRequest
+
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _RATE_HEADERS = {
     name: {"schema": {"type": "string"}}
@@ -18,12 +23,30 @@ _RATE_HEADERS = {
 }
 
 
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _request_schemas() -> dict[str, Any]:
+    """The request bodies as JSON Schema, drawn from the models the gateway and the workers
+    validate with (:mod:`protocol.openai_requests`), so the document says what is accepted.
+
+    Checks JSON Schema cannot say (one choice, seeds within 64 bits, no empty stop string)
+    are the models' validators: a body that breaks one is a 400 naming the field.
+    """
+    _, top = models_json_schema(
+        [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+        ref_template="#/components/schemas/{model}",
+    )
+    return top["$defs"]
+
+
 def _error(description: str) -> dict[str, Any]:
     """A response in OpenAI's error shape."""
     return {"description": description, "content": {"application/json": {"schema": _ERROR}}}
 
 
-def _completion(summary: str, required: list[str]) -> dict[str, Any]:
+def _completion(summary: str, request: type[BaseModel]) -> dict[str, Any]:
     errors = {
         str(code): _error(text)
         for code, text in (
@@ -42,21 +65,7 @@ def _completion(summary: str, required: list[str]) -> dict[str, Any]:
             "security": [{"bearer": []}, {}],
             "requestBody": {
                 "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": required,
-                            "additionalProperties": True,
-                            "properties": {
-                                "model": {"type": "string"},
-                                "stream": {"type": "boolean"},
-                                "max_tokens": {"type": "integer", "minimum": 1},
-                                "user": {"type": "string"},
-                            },
-                        }
-                    }
-                },
+                "content": {"application/json": {"schema": _ref(request.__name__)}},
             },
             "responses": {
                 "200": {
@@ -77,8 +86,8 @@ def document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "kvgate gateway", "version": "1"},
         "paths": {
-            "/v1/chat/completions": _completion("Chat completion", ["model", "messages"]),
-            "/v1/completions": _completion("Text completion", ["model", "prompt"]),
+            "/v1/chat/completions": _completion("Chat completion", ChatCompletionRequest),
+            "/v1/completions": _completion("Text completion", CompletionRequest),
             "/v1/models": {
                 "get": {
                     "summary": "Models served by healthy workers",
@@ -113,6 +122,7 @@ def document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
+                **_request_schemas(),
                 "Error": {
                     "type": "object",
                     "properties": {
@@ -126,7 +136,7 @@ def document() -> dict[str, Any]:
                             },
                         }
                     },
-                }
+                },
             },
         },
     }
