@@ -49,6 +49,9 @@ class Inbound:
     prompt_estimate: int
     #: choices asked for (``n``)
     choices: int = 1
+    #: no cap was given: ``max_tokens`` is the plan's, and the answer takes what the
+    #: model's context leaves below it instead of failing when the prompt is long
+    fit_context: bool = False
 
     @property
     def cost(self) -> int:
@@ -86,6 +89,8 @@ class Inbound:
             body[name] = cache_salt
         body["max_tokens"] = self.max_tokens
         body.pop("max_completion_tokens", None)
+        if self.fit_context:
+            body["fit_context"] = True
         if self.stream:
             options = body.get("stream_options") or {}
             body["stream_options"] = {
@@ -119,6 +124,9 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
     else:
         text = _text(body["prompt"])
     estimate = len(text) // _CHARS_PER_TOKEN + 1
+    fit_context = chat and request.requested_max_tokens() is None
+    if fit_context:  # OpenAI fits an uncapped answer into what the context leaves
+        max_tokens = max(min(max_tokens, plan.max_context - estimate), 1)
     if estimate + max_tokens > plan.max_context:
         raise ApiError(
             400,
@@ -138,6 +146,7 @@ def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
         max_tokens,
         estimate,
         request.n,
+        fit_context,
     )
 
 

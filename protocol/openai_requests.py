@@ -127,6 +127,10 @@ class _SamplingRequest(BaseModel):
     ignore_eos: StrictBool = False
     extra_key: str | None = None
     cache_salt: str | None = None
+    #: kvgate's: ``max_tokens`` is a cap, and the answer may use what the context leaves
+    #: below it (what OpenAI does when no max_tokens is given; the gateway sets it then,
+    #: with the plan's cap)
+    fit_context: StrictBool = False
 
     @field_validator("n")
     @classmethod

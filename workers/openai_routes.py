@@ -91,6 +91,8 @@ async def _complete(
 ) -> Response:
     """Run one completion, streamed or not; ``kind`` is the OpenAI object name."""
     rid = request_id(request.headers)
+    if body.fit_context and max_tokens is not None:  # a cap, not a demand: what is left
+        max_tokens = min(max_tokens, max(ctx.engine.context_length - len(input_ids), 1))
     gen = ctx.engine_request(
         rid,
         input_ids,

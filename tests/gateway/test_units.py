@@ -225,3 +225,16 @@ async def test_an_error_event_from_the_worker_marks_the_request_failed() -> None
     events, outcome = await _relay(pieces, proxy.UsageWanted(False, False))
     assert outcome.complete and outcome.status == 502
     assert events[-1]["error"]["message"] == "generation failed"
+
+
+def test_a_chat_without_a_cap_fits_what_the_context_leaves() -> None:
+    """OpenAI fits an uncapped answer into the context; a long prompt is not a 400 for it."""
+    long = [{"role": "user", "content": "x" * 3800}]  # about 950 of the plan's 1000 tokens
+    uncapped = _parse(messages=long)
+    body = orjson.loads(uncapped.upstream_body("salt"))
+    assert body["fit_context"] is True
+    assert uncapped.max_tokens == PLAN.max_context - uncapped.prompt_estimate < PLAN.max_max_tokens
+    capped = orjson.loads(_parse(max_tokens=5).upstream_body("salt"))
+    assert "fit_context" not in capped and capped["max_tokens"] == 5
+    with pytest.raises(ApiError):
+        _parse(messages=long, max_tokens=PLAN.max_max_tokens)  # a cap it cannot meet is a 400

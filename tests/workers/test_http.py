@@ -376,3 +376,16 @@ async def test_response_format_text_is_what_it_always_was(worker_client: httpx.A
         "/v1/chat/completions", json=body | {"response_format": {"type": "text"}}
     )
     assert response.status_code == 200, response.text
+
+
+async def test_fit_context_caps_the_answer_at_what_the_context_leaves(
+    worker_client: httpx.AsyncClient,
+) -> None:
+    prompt = "word " * 200
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 100_000, **GREEDY}
+    refused = await worker_client.post("/v1/completions", json=body)
+    assert refused.status_code == 400  # asked for more than the context has
+    fitted = await worker_client.post("/v1/completions", json=body | {"fit_context": True})
+    assert fitted.status_code == 200, fitted.text
+    usage = fitted.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == TINY_CONTEXT
