@@ -9,6 +9,7 @@ import uvicorn
 
 from gateway.app import build_app
 from gateway.config import GatewayConfig
+from gateway.http_limits import LimitedHttpToolsProtocol
 from kvgate.settings import Settings, load_settings
 from kvgate.wiring.accounts import accounts_config
 from kvgate.wiring.database import migrate_database, settings_database
@@ -47,7 +48,9 @@ def gateway(host: str | None, port: int | None) -> None:
             host=host or settings.bind_host,
             port=port or settings.gateway_port,
             loop="uvloop",
-            http="httptools",
+            # httptools with limits on header size and count, and on how long a request's
+            # head and body may take to arrive (a public endpoint meets slow clients)
+            http=LimitedHttpToolsProtocol,
             log_level="warning",
             # X-Forwarded-For is judged by the gateway against its own trusted proxies;
             # uvicorn's default would believe any loopback peer.
