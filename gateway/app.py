@@ -86,7 +86,9 @@ class Gateway:
         self.pool = await asyncpg.create_pool(
             cfg.dsn, min_size=cfg.db_pool_min, max_size=cfg.db_pool_max, command_timeout=30
         )
-        self.auth = Authenticator(self.pool, cfg.auth_cache_ttl_s)
+        self.auth = Authenticator(
+            self.pool, cfg.auth_cache_ttl_s, cfg.accounts.session_secret.encode()
+        )
         self.limiter = Limiter(self.pool, cfg.upstream_timeout_s + 60)
         self.directory = Directory(
             self.pool, self.router, cfg.registry_refresh_s, cfg.worker_timeout_s

@@ -9,6 +9,7 @@ their key is wrong, and never the free tier, which would hide a broken key.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 from dataclasses import dataclass
 
@@ -45,9 +46,11 @@ class Principal:
 class Authenticator:
     """Turns an ``Authorization`` header and client address into a :class:`Principal`."""
 
-    def __init__(self, pool: asyncpg.Pool, ttl_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, ttl_s: float, salt_key: bytes = b"") -> None:
+        """``salt_key`` keys the free tier's cache salts (the replicas' shared secret)."""
         self._pool = pool
         self._ttl = ttl_s
+        self._salt_key = salt_key
         self._keys: dict[bytes, tuple[float, KeyOwner | None]] = {}
         self._free: tuple[float, Plan] | None = None
 
@@ -92,7 +95,9 @@ class Authenticator:
     async def _anonymous(self, client_ip: str) -> Principal:
         plan = await self._free_plan()
         client = free_tier_key(client_ip)
-        salt = hashlib.sha256(f"free:{client}".encode()).hexdigest()[:32]
+        # Keyed, so that knowing an address is not knowing its cache namespace: whoever could
+        # send a worker requests with that salt could probe the address's cached prefixes.
+        salt = hmac.new(self._salt_key, f"free:{client}".encode(), hashlib.sha256).hexdigest()[:32]
         return Principal(f"ip:{client}", plan, None, None, salt, client_ip)
 
     async def _owner(self, secret: str) -> KeyOwner | None:

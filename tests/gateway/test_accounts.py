@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import asyncpg
@@ -85,3 +86,16 @@ def test_admin_cli_creates_lists_and_revokes(pg_dsn: str, monkeypatch: pytest.Mo
 
     missing = runner.invoke(cli, ["admin", "keys", "create", "--team", team + "-nope"])
     assert missing.exit_code != 0 and "kvgate admin teams create" in missing.output
+
+
+async def test_the_free_tiers_cache_salt_cannot_be_computed_from_an_address(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    """Whoever knows an address but not the replicas' secret cannot name its cache namespace
+    (the salt was an unkeyed hash of the address: anyone reaching a worker could probe)."""
+    address = "203.0.113.77"
+    salt = (await Authenticator(pg_pool, 2, b"secret-a").authenticate(None, address)).cache_salt
+    unkeyed = hashlib.sha256(f"free:{address}".encode()).hexdigest()[:32]
+    other = (await Authenticator(pg_pool, 2, b"secret-b").authenticate(None, address)).cache_salt
+    again = (await Authenticator(pg_pool, 2, b"secret-a").authenticate(None, address)).cache_salt
+    assert salt != unkeyed and salt != other and salt == again
