@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "tiers": "kvgate.bench.tiers:tiers",
     "gateway": "kvgate.bench.gateway:bench_gateway",
     "sglang": "kvgate.bench.sglang:sglang",
+    "soak": "kvgate.bench.soak:soak",
 }
 
 

@@ -1,0 +1,331 @@
+"""``kvgate bench soak``: the whole stack under steady multi-turn load for a while, watched.
+
+It runs ``kvgate up`` on a home of its own (small tier limits, so that tierd works all the
+time), plays seeded multi-turn conversations through the gateway with a team key, and every
+``--interval`` seconds samples, per part of the stack, the resident memory and the open
+file descriptors of its processes (Postgres' backends summed as one part), and the bytes
+the NAS and the object store hold. After a warm-up (the first fifth of the run) a part's
+growth is the median of the last fifth against the median of the second: a leak shows as
+growth that does not level off; a tier over its limit shows as samples above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.bench.multiturn.driver import Plan, Target, run
+from kvgate.bench.multiturn.workload import Shape, conversations
+from kvgate.bench.output import cpu_name, publish, source_commit
+from kvgate.stack.ports import free_port
+
+#: small conversations: the soak is about what accumulates, not about throughput
+SHAPE = Shape(
+    common_prefix=100,
+    unique_prefix_mean=300,
+    unique_prefix_max=600,
+    user_tokens=(20, 40),
+    answer_tokens=(8, 16),
+    turns=(3, 5),
+)
+MIB = 1 << 20
+#: tier limits of the soak's stack (tierd keeps the NAS between low and high)
+LIMITS = {"nas_high": 16 * MIB, "nas_low": 8 * MIB, "object_max": 64 * MIB}
+#: growth of a part's memory or descriptors after warm-up that counts as a leak
+GROWTH_LIMIT = 0.05
+#: descriptors a part may gain or lose after warm-up without counting as growth
+FD_JITTER = 4
+STARTUP_DEADLINE_S = 300.0
+
+
+@dataclass
+class Samples:
+    """What the run saw: per part, resident bytes and descriptors; the tiers' bytes."""
+
+    t: list[float] = field(default_factory=list)
+    rss: dict[str, list[int]] = field(default_factory=dict)
+    fds: dict[str, list[int]] = field(default_factory=dict)
+    nas: list[int] = field(default_factory=list)
+    objects: list[int] = field(default_factory=list)
+
+
+def part_of(proc: psutil.Process) -> str | None:
+    """Which part of the stack ``proc`` is, from its command line."""
+    cmd = " ".join(proc.cmdline())
+    if "postgres" in proc.name() or "postgres" in cmd.split(" ")[0]:
+        return "postgres"
+    if "weed" in proc.name():
+        return "s3"
+    match = re.search(r"-m kvgate (up|tierd|agent|worker|gateway)\b", cmd)
+    return match.group(1) if match else None
+
+
+def _stack_processes(up: psutil.Process, home: Path) -> list[psutil.Process]:
+    """``kvgate up`` and its descendants, and the embedded Postgres (a daemon of ``pg_ctl``,
+    so not a descendant: found by its data directory) with its backends."""
+    procs = [up, *up.children(recursive=True)]
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(home / "pg") in " ".join(proc.info["cmdline"] or []):
+            procs += [proc, *proc.children(recursive=True)]
+    return list({p.pid: p for p in procs}.values())
+
+
+def _sample(up: psutil.Process, home: Path, tierd_url: str, samples: Samples, t0: float) -> None:
+    rss: dict[str, int] = {}
+    fds: dict[str, int] = {}
+    for proc in _stack_processes(up, home):
+        try:
+            part = part_of(proc)
+            if part is None:
+                continue
+            rss[part] = rss.get(part, 0) + proc.memory_info().rss
+            fds[part] = fds.get(part, 0) + proc.num_fds()
+        except psutil.Error:
+            continue  # a process that ended between the listing and the reading
+    samples.t.append(time.monotonic() - t0)
+    for part in rss:
+        samples.rss.setdefault(part, []).append(rss[part])
+        samples.fds.setdefault(part, []).append(fds[part])
+    nas = home / "nas"
+    samples.nas.append(sum(f.stat().st_size for f in nas.rglob("*") if f.is_file()))
+    samples.objects.append(_object_bytes(tierd_url))
+
+
+def _object_bytes(tierd_url: str) -> int:
+    try:
+        text = httpx.get(tierd_url, timeout=5).text
+    except httpx.HTTPError:
+        return -1
+    for family in text_string_to_metric_families(text):
+        if family.name == "kvgate_tierd_object_bytes":
+            return int(family.samples[0].value)
+    return -1
+
+
+def growth(series: list[int]) -> float:
+    """Median of the last fifth against the median of the second fifth (after warm-up)."""
+    n = len(series)
+    if n < 10:
+        raise click.ClickException(f"{n} samples are too few to judge growth: run longer")
+    early = statistics.median(series[n // 5 : 2 * n // 5])
+    late = statistics.median(series[4 * n // 5 :])
+    return (late - early) / early if early else 0.0
+
+
+def verdicts(samples: Samples) -> dict[str, Any]:
+    """Per part, memory and descriptor growth with a verdict; the tiers against limits."""
+    parts = {}
+    for part, rss in sorted(samples.rss.items()):
+        fds = samples.fds[part]
+        n = len(fds)
+        fd_change = statistics.median(fds[4 * n // 5 :]) - statistics.median(
+            fds[n // 5 : 2 * n // 5]
+        )
+        rss_growth = growth(rss)
+        parts[part] = {
+            "rss_mib_after_warmup": statistics.median(rss[n // 5 : 2 * n // 5]) / MIB,
+            "rss_mib_at_end": statistics.median(rss[4 * n // 5 :]) / MIB,
+            "rss_growth": rss_growth,
+            "fds_change": fd_change,
+            "ok": rss_growth < GROWTH_LIMIT and abs(fd_change) <= FD_JITTER,
+        }
+    warm = len(samples.nas) // 5
+    nas_over = sum(b > LIMITS["nas_high"] for b in samples.nas[warm:])
+    obj_over = sum(b > LIMITS["object_max"] for b in samples.objects[warm:])
+    measured = max(1, len(samples.nas) - warm)
+    tiers = {
+        "nas_max_mib": max(samples.nas) / MIB,
+        "nas_over_limit_share": nas_over / measured,
+        "object_max_mib": max(samples.objects) / MIB,
+        "object_over_limit_share": obj_over / measured,
+        "ok": samples.nas[-1] <= LIMITS["nas_high"] and samples.objects[-1] <= LIMITS["object_max"],
+    }
+    return {"parts": parts, "tiers": tiers}
+
+
+class _Lines:
+    """The stack's output, read by a thread so that waiting for a line has a deadline."""
+
+    def __init__(self, stream: Any) -> None:
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, deadline_s: float) -> str:
+        end = time.monotonic() + deadline_s
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                raise click.ClickException("the stack exited while starting; see its logs")
+            if re.search(pattern, line):
+                return line
+        raise click.ClickException(f"the stack did not print {pattern!r} in {deadline_s:.0f} s")
+
+
+def _team_key(env: dict[str, str]) -> str:
+    argv = [sys.executable, "-m", "kvgate", "admin"]
+    subprocess.run([*argv, "teams", "create", "soak"], env=env, check=True, capture_output=True)
+    out = subprocess.run(
+        [*argv, "keys", "create", "--team", "soak"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return re.search(r"kvg_\S+", out).group(0)  # type: ignore[union-attr]
+
+
+def _load(gateway: str, key: str, deadline: float, errors: list[str]) -> int:
+    """Rounds of seeded conversations until ``deadline``; the requests played."""
+    played, seed = 0, 0
+    while time.monotonic() < deadline:
+        convs = conversations(8, SHAPE, seed)
+        results = asyncio.run(
+            run(Target(gateway, key), convs, Plan(clients=2, active=4), progress=False)
+        )
+        played += len(results)
+        errors += [r.error for r in results if r.error]
+        seed += 1
+    return played
+
+
+def _report(data: dict[str, Any]) -> str:
+    lines = [
+        f"# Soak: {data['minutes']:g} minutes of steady multi-turn load",
+        "",
+        f"Run on {data['cpu']} ({os.cpu_count()} CPUs), commit `{data['commit']}`, model "
+        f"`{data['model']}`; {data['requests']} requests ({len(data['errors'])} failed), "
+        f"a sample every {data['interval_s']:g} s; wall time {data['wall_s']:.0f} s. "
+        "Growth compares the median of the last fifth of the run with the second fifth "
+        f"(after warm-up); a part passes below {GROWTH_LIMIT:.0%} memory growth and "
+        f"{FD_JITTER} descriptors of change.",
+        "",
+        "| part | RSS after warm-up (MiB) | RSS at end (MiB) | growth | descriptors | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for part, v in data["verdicts"]["parts"].items():
+        lines.append(
+            f"| {part} | {v['rss_mib_after_warmup']:.1f} | {v['rss_mib_at_end']:.1f} | "
+            f"{v['rss_growth']:+.1%} | {v['fds_change']:+g} | {'ok' if v['ok'] else 'GROWS'} |"
+        )
+    t = data["verdicts"]["tiers"]
+    lines += [
+        "",
+        f"NAS: at most {t['nas_max_mib']:.1f} MiB (high watermark "
+        f"{LIMITS['nas_high'] / MIB:g} MiB), above it in {t['nas_over_limit_share']:.0%} of "
+        f"samples; object store: at most {t['object_max_mib']:.1f} MiB (limit "
+        f"{LIMITS['object_max'] / MIB:g} MiB), above it in "
+        f"{t['object_over_limit_share']:.0%}. Verdict: {'ok' if t['ok'] else 'OVER'}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--minutes", type=float, default=30.0, show_default=True, help="Load duration.")
+@click.option(
+    "--interval", type=float, default=10.0, show_default=True, help="Seconds between samples."
+)
+@click.option(
+    "--model", default="tiny-random", show_default=True, help="KVGATE_WORKER_MODEL of the stack."
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Write the report here.")
+@click.option(
+    "--json", "json_path", type=click.Path(path_type=Path), help="Write the figures here."
+)
+def soak(
+    minutes: float, interval: float, model: str, out: Path | None, json_path: Path | None
+) -> None:
+    """Run the stack under steady load; report memory, descriptors and tier sizes over time."""
+    started = time.monotonic()
+    home = Path(tempfile.mkdtemp(prefix="kvgate-soak-")) / "home"
+    tierd_port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("KVGATE_", "DATABASE_URL"))},
+        "KVGATE_HOME": str(home),
+        "KVGATE_CONFIG": str(home.parent / "absent.toml"),
+        "KVGATE_WORKER_MODEL": model,
+        "KVGATE_GATEWAY_PORT": str(free_port()),
+        "KVGATE_WORKER_PORT": str(free_port()),
+        "KVGATE_TIERD_METRICS_PORT": str(tierd_port),
+        "KVGATE_TIERD_INTERVAL_S": "5",
+        "KVGATE_TIER_NAS_HIGH_BYTES": str(LIMITS["nas_high"]),
+        "KVGATE_TIER_NAS_LOW_BYTES": str(LIMITS["nas_low"]),
+        "KVGATE_TIER_OBJECT_MAX_BYTES": str(LIMITS["object_max"]),
+        "KVGATE_WORKER_KV_POOL_BYTES": str(32 * MIB),
+        # a host tier that fills within the warm-up: its growth after that would be a leak
+        "KVGATE_TIER_HOST_BYTES": str(64 * MIB),
+    }
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "kvgate", "up"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    samples, errors, played = Samples(), [], []
+    try:
+        lines = _Lines(stack.stdout)
+        gateway = lines.wait_for(r"^ready  gateway  ", STARTUP_DEADLINE_S).split("  ")[2]
+        lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
+        key = _team_key(env)
+        up, t0 = psutil.Process(stack.pid), time.monotonic()
+        deadline = t0 + minutes * 60
+        tierd = f"http://127.0.0.1:{tierd_port}/metrics"
+        loader = threading.Thread(
+            target=lambda: played.append(_load(gateway, key, deadline, errors)), daemon=True
+        )
+        loader.start()
+        while loader.is_alive() or not samples.t:
+            _sample(up, home, tierd, samples, t0)
+            loader.join(timeout=interval)  # the sampling period: waits on the load, not a sleep
+    finally:
+        stack.send_signal(signal.SIGINT)
+        try:
+            stack.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            stack.kill()
+    data = {
+        "minutes": minutes,
+        "interval_s": interval,
+        "model": model,
+        "cpu": cpu_name(),
+        "commit": source_commit(),
+        "requests": sum(played),
+        "errors": errors[:20],
+        "limits": LIMITS,
+        "samples": {
+            "t": samples.t,
+            "rss": samples.rss,
+            "fds": samples.fds,
+            "nas": samples.nas,
+            "objects": samples.objects,
+        },
+        "verdicts": verdicts(samples),
+        "wall_s": time.monotonic() - started,
+    }
+    default = Path("docs") / "benchmarks" / "soak.md"
+    publish(
+        _report(data), data, out=out, json_path=json_path, default_out=default, quick=minutes < 30
+    )
