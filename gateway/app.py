@@ -243,10 +243,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     """An unknown route or a wrong method: OpenAI's error shape under /v1 (what clients
     parse there), the plain answer on the pages."""
     assert isinstance(exc, HTTPException)
-    if request.url.path.startswith("/v1/") or request.url.path == "/v1":
+    path = request.url.path
+    if path.startswith("/v1/") or path == "/v1":
         messages = {
-            404: f"No route {request.url.path}; see /openapi.json.",
-            405: (f"{request.method} is not allowed on {request.url.path}."),
+            404: f"No route {path}; see /openapi.json.",
+            405: f"{request.method} is not allowed on {path}.",
         }
         message = messages.get(exc.status_code, str(exc.detail))
         return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
