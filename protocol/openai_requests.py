@@ -5,7 +5,7 @@ Both the gateway (which inspects and rewrites bodies before proxying) and the wo
 gateway accepts is a body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling extras
 (``min_tokens``, ``top_k``, ``stop_token_ids``, ``ignore_eos``) and the cache-salt fields
 of :mod:`protocol.fields`. Unknown fields are ignored, as OpenAI-compatible servers do;
-parameters we cannot honour (``n`` > 1, ``logprobs``) are rejected rather than ignored so
+parameters we cannot honour (``logprobs``) are rejected rather than ignored so
 that a client never silently gets less than it asked for. Checks that need the model (token
 ids against its vocabulary, lengths against its context) are the worker's, which also
 samples a temperature below 1e-5 greedily and reads a ``top_k`` beyond the vocabulary as
@@ -36,6 +36,10 @@ MAX_TOKENS_LIMIT = 1_000_000
 #: levels (messages, content parts, a JSON schema); hundreds of levels only exhaust the
 #: recursion of whatever walks the body later, so they are refused as they are read.
 MAX_DEPTH = 64
+
+#: Most choices one request may ask for: each is a sequence the engine decodes, and the
+#: gateway reserves every one's tokens at admission.
+MAX_CHOICES = 8
 
 #: The seeds a request may carry: any signed or unsigned 64-bit integer (what a
 #: ``torch.Generator`` takes; larger ones would fail inside the worker's engine).
@@ -118,7 +122,8 @@ class _SamplingRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
-    n: StrictInt = 1
+    #: choices for the one prompt (the prompt is computed and billed once)
+    n: StrictInt = Field(1, ge=1, le=MAX_CHOICES)
     user: str | None = None
     # SGLang extras
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)
@@ -131,13 +136,6 @@ class _SamplingRequest(BaseModel):
     #: below it (what OpenAI does when no max_tokens is given; the gateway sets it then,
     #: with the plan's cap)
     fit_context: StrictBool = False
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported; send separate requests for more choices")
-        return n
 
     @field_validator("stop")
     @classmethod

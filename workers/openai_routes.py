@@ -20,8 +20,9 @@ from protocol.openai_requests import (
     parse_body,
 )
 from protocol.streaming import DONE, sse
+from workers.choices import Tagged, choices, collect_choices, combined_usage
 from workers.context import WorkerContext, request_id
-from workers.generation import TextDelta, collect
+from workers.generation import TextDelta, Usage
 from workers.streaming import sse_response, started
 
 #: OpenAI object names of the two kinds of completion.
@@ -93,37 +94,41 @@ async def _complete(
     rid = request_id(request.headers)
     if body.fit_context and max_tokens is not None:  # a cap, not a demand: what is left
         max_tokens = min(max_tokens, max(ctx.engine.context_length - len(input_ids), 1))
-    gen = ctx.engine_request(
-        rid,
-        input_ids,
-        max_tokens=max_tokens,
-        sampling={
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "top_k": max(body.top_k, 0),
-            "seed": body.seed,
-            "min_tokens": body.min_tokens,
-            "stop_token_ids": tuple(body.stop_token_ids),
-            "ignore_eos": body.ignore_eos,
-        },
-        cache_salt=body.salt,
-        param=param,
-    )
+    gens = [
+        ctx.engine_request(
+            rid if i == 0 else f"{rid}-{i}",
+            input_ids,
+            max_tokens=max_tokens,
+            sampling={
+                "temperature": body.temperature,
+                "top_p": body.top_p,
+                "top_k": max(body.top_k, 0),
+                # each choice its own draw, all of them reproducible from the one seed
+                "seed": None if body.seed is None else (body.seed + i) % 2**63,
+                "min_tokens": body.min_tokens,
+                "stop_token_ids": tuple(body.stop_token_ids),
+                "ignore_eos": body.ignore_eos,
+            },
+            cache_salt=body.salt,
+            param=param,
+        )
+        for i in range(body.n)
+    ]
     shape = _Shape(kind, f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}", ctx.engine.model_id)
     headers = {REQUEST_ID_HEADER: rid}
 
-    deltas = ctx.start(gen, body.stop_strings)
+    items = choices(ctx, gens, body.stop_strings)
     if body.stream:
-        first_on = await started(request, deltas)
+        first_on = await started(request, items)
         if first_on is None:  # the client is gone before the first token
             return Response(status_code=499)
         return sse_response(
-            shape.stream(first_on, body.include_usage, body.continuous_usage), headers
+            shape.stream(first_on, body.n, body.include_usage, body.continuous_usage), headers
         )
-    final = await until_disconnect(request, lambda: collect(deltas))
-    if final is None:  # the client is gone; nobody reads this
+    finals = await until_disconnect(request, lambda: collect_choices(items, body.n))
+    if finals is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(shape.whole(final), headers=headers)
+    return JSONResponse(shape.whole(finals), headers=headers)
 
 
 class _Shape:
@@ -146,17 +151,23 @@ class _Shape:
             "choices": choices,
         }
 
-    def whole(self, final: TextDelta) -> dict[str, Any]:
-        """The non-streaming response."""
-        if self.kind == _CHAT:
-            choice = {"message": {"role": "assistant", "content": final.text}}
-        else:
-            choice = {"text": final.text}
-        choice |= {"index": 0, "logprobs": None, "finish_reason": final.finish_reason}
-        return self._envelope(self.kind, [choice]) | {"usage": final.usage.openai()}
+    def whole(self, finals: list[TextDelta]) -> dict[str, Any]:
+        """The non-streaming response: every choice, and the usage of all of them."""
+        choices = []
+        for index, final in enumerate(finals):
+            if self.kind == _CHAT:
+                choice: dict[str, Any] = {"message": {"role": "assistant", "content": final.text}}
+            else:
+                choice = {"text": final.text}
+            choices.append(
+                choice | {"index": index, "logprobs": None, "finish_reason": final.finish_reason}
+            )
+        usage = combined_usage([f.usage for f in finals])
+        return self._envelope(self.kind, choices) | {"usage": usage.openai()}
 
-    def chunk(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-        """One streamed chunk; ``text`` None is the chat stream's opening role chunk."""
+    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        """One streamed chunk of choice ``index``; ``text`` None is a chat stream's opening
+        role chunk."""
         if self.kind == _CHAT:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
             if text:
@@ -164,24 +175,31 @@ class _Shape:
             choice = {"delta": delta}
         else:
             choice = {"text": text or ""}
-        choice |= {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice |= {"index": index, "logprobs": None, "finish_reason": finish_reason}
         return self._envelope(self.chunk_object, [choice])
 
     async def stream(
-        self, deltas: AsyncIterator[TextDelta], include_usage: bool, every_chunk: bool
+        self, items: AsyncIterator[Tagged], n: int, include_usage: bool, every_chunk: bool
     ) -> AsyncGenerator[bytes, None]:
-        """SSE events of a streamed completion, ending with ``data: [DONE]``; with
-        ``every_chunk``, each text chunk carries the usage so far."""
+        """SSE events of a streamed completion, choices interleaved by index as they come,
+        ending with ``data: [DONE]``; with ``every_chunk``, each text chunk carries the usage
+        of all choices so far."""
         usage_field = {"usage": None} if include_usage else {}
+        latest: list[Usage] = [Usage()] * n
+        finished = 0
         if self.kind == _CHAT:
-            yield sse(self.chunk(None, None) | usage_field)
-        async with aclosing(deltas):
-            async for delta in deltas:
+            for index in range(n):
+                yield sse(self.chunk(index, None, None) | usage_field)
+        async with aclosing(items):  # type: ignore[type-var]
+            async for index, delta in items:
+                latest[index] = delta.usage
                 if delta.text or delta.finish_reason:
-                    usage = {"usage": delta.usage.openai()} if every_chunk else usage_field
-                    yield sse(self.chunk(delta.text, delta.finish_reason) | usage)
-                if delta.finish_reason and include_usage:
-                    usage = {"usage": delta.usage.openai()}
+                    so_far = {"usage": combined_usage(latest).openai()}
+                    chunk = self.chunk(index, delta.text, delta.finish_reason)
+                    yield sse(chunk | (so_far if every_chunk else usage_field))
+                finished += delta.finish_reason is not None
+                if finished == n and include_usage:
+                    usage = {"usage": combined_usage(latest).openai()}
                     yield sse(self._envelope(self.chunk_object, []) | usage)
         yield DONE
 

@@ -28,6 +28,8 @@ ACCEPTED = [
     {"stream": True},
     {"stream": True, "stream_options": {"include_usage": True}},
     {"n": 1},
+    {"n": 3},
+    {"n": 2, "stream": True, "stream_options": {"include_usage": True}},
     {"seed": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5},
     {"stop": ["x", "y"]},
     {"min_tokens": 1, "ignore_eos": True},
@@ -42,7 +44,7 @@ ACCEPTED = [
     },
 ]
 REFUSED = [
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"n": True}, "n"),
     ({"stream": "yes"}, "stream"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),

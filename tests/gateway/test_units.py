@@ -155,7 +155,7 @@ def test_choices_multiply_the_reservation() -> None:
         ({"n": 0}, "n"),
         ({"n": "abc"}, "n"),
         ({"n": True}, "n"),
-        ({"n": 2}, "n"),  # what the workers cannot serve is refused before admission
+        ({"n": 9}, "n"),  # more choices than the workers serve is refused before admission
         ({"stream": "yes"}, "stream"),
         ({"model": ""}, "model"),
     ],

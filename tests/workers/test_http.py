@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -162,7 +163,12 @@ async def test_request_id_header_is_echoed(worker_client: httpx.AsyncClient) -> 
         ),
         ("/v1/completions", {"model": MODEL, "prompt": [49152]}, 400, "token ids must be in"),
         ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, 404, "does not exist"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, 400, "only n=1"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "n": 9},
+            400,
+            "less than or equal to 8",
+        ),
         ("/generate", {"text": "x", "input_ids": [1]}, 400, "exactly one"),
         (
             "/generate",
@@ -389,3 +395,55 @@ async def test_fit_context_caps_the_answer_at_what_the_context_leaves(
     assert fitted.status_code == 200, fitted.text
     usage = fitted.json()["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == TINY_CONTEXT
+
+
+async def test_n_choices_share_one_prompt_and_are_billed_for_it_once(
+    worker_client: httpx.AsyncClient,
+) -> None:
+    prompt = "Tell me a story about caches: " + "word " * 40
+    before = await _prefill_tokens(worker_client)
+    three = await complete(worker_client, prompt=prompt, max_tokens=6, n=3, **GREEDY)
+    assert three.status_code == 200, three.text
+    computed = await _prefill_tokens(worker_client) - before
+    body = three.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert len({c["text"] for c in body["choices"]}) == 1  # greedy: the same answer thrice
+    usage = body["usage"]
+    one = (await complete(worker_client, prompt=prompt, max_tokens=6, **GREEDY)).json()
+    assert usage["prompt_tokens"] == one["usage"]["prompt_tokens"]  # counted once
+    assert usage["completion_tokens"] == 3 * 6
+    # choices 2 and 3 found the prompt in the cache: it was computed once, not thrice
+    assert computed < 2 * usage["prompt_tokens"]
+
+
+async def test_n_choices_stream_interleaved_by_index_with_one_usage(
+    worker_client: httpx.AsyncClient,
+) -> None:
+    response = await worker_client.post(
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "seed": 7,
+            "temperature": 1.0,
+            "ignore_eos": True,
+        },
+    )
+    assert response.status_code == 200, response.text
+    chunks = [json.loads(p) for p in sse_payloads(response.text)[:-1]]
+    finished = {
+        c["choices"][0]["index"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["finish_reason"]
+    }
+    assert finished == {0, 1}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+async def _prefill_tokens(client: httpx.AsyncClient) -> float:
+    text = (await client.get("/metrics")).text
+    return float(re.search(r"^kvgate_worker_prefill_tokens_total (\S+)", text, re.M).group(1))
