@@ -32,6 +32,9 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    #: None: no log-probabilities; k: each generated token's, with the k most likely
+    #: alternatives (at most ``logprobs.MAX_TOP_LOGPROBS``)
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,17 @@ class GenerateRequest:
     input_ids: tuple[int, ...]
     sampling: SamplingParams
     cache_salt: str = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities at one generated position, under the model's own distribution
+    there (the log-softmax of its logits, before temperature, top-k, top-p or any mask)."""
+
+    #: of the token generated at this position
+    logprob: float
+    #: the most likely tokens there, ``(token id, logprob)``, most likely first
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -64,6 +78,8 @@ class TokenEvent:
     cached_tokens: int = 0
     #: tokens of the prompt served from each tier (keys from :data:`protocol.tiers.TIERS`), summing to ``cached_tokens``
     cached_by_tier: dict[str, int] = field(default_factory=dict)
+    #: one per token of ``token_ids`` when the request asked for them, else empty
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from workers.engine.api import FinishReason, SamplingParams
+from workers.engine.logprobs import MAX_TOP_LOGPROBS
 
 #: Temperatures below this are greedy. Dividing logits by a smaller one overflows float32
 #: (and 1e-46 *is* 0.0 in float32), which leaves no distribution to draw from; vLLM treats
@@ -61,6 +62,8 @@ def check_sampling(params: SamplingParams, vocab_size: int) -> None:
         raise SamplingError("top_k", f"{params.top_k} is negative; send 0 to turn top-k off")
     if params.seed is not None and not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
         raise SamplingError("seed", f"{params.seed} does not fit in 64 bits")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        raise SamplingError("logprobs", f"{params.logprobs} is not in [0, {MAX_TOP_LOGPROBS}]")
     bad = [i for i in params.stop_token_ids if not 0 <= i < vocab_size]
     if bad:
         raise SamplingError(

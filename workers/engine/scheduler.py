@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from protocol.tiers import TierName
-from workers.engine.api import FinishReason, GenerateRequest, TokenEvent
+from workers.engine.api import FinishReason, GenerateRequest, TokenEvent, TokenLogprobs
 from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.held_back import HeldBackWait
 from workers.engine.kv_pool import KVPool
+from workers.engine.logprobs import StepLogprobs
 from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload
 from workers.engine.radix import PrefixHandle, RadixCache
@@ -129,7 +130,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
-    def _emit(self, req: _Request, new: list[int], reason: FinishReason | None) -> None:
+    def _emit(
+        self,
+        req: _Request,
+        new: list[int],
+        reason: FinishReason | None,
+        logprobs: list[TokenLogprobs] | None = None,
+    ) -> None:
         self.emit(
             TokenEvent(
                 rid=req.rid,
@@ -140,6 +147,7 @@ class Scheduler:
                 completion_tokens=req.generated,
                 cached_tokens=req.cached_tokens,
                 cached_by_tier=dict(req.cached_by_tier),
+                logprobs=logprobs or [],
             )
         )
 
@@ -333,23 +341,22 @@ class Scheduler:
         )
         logits = self.model.forward(batch, self.pool)
         wanting = [i for i in order if chunks[i].want_logits]
-        picks = sample(
-            logits,
-            [reqs[i].sampler for i in wanting],
-            [reqs[i].generated for i in wanting],
-        )
+        samplers = [reqs[i].sampler for i in wanting]
+        # before sampling, which may mask the logits in place; None when no row asked
+        logprobs = StepLogprobs.of(logits, [s.params for s in samplers])
+        picks = sample(logits, samplers, [reqs[i].generated for i in wanting])
         for req, chunk in zip(reqs, chunks, strict=True):
             req.computed += len(chunk.token_ids)
-        for i, token in zip(wanting, picks, strict=True):
+        for row, (i, token) in enumerate(zip(wanting, picks, strict=True)):
             if token is None:
                 self._drop_unsampleable(reqs[i])
             else:
-                self._accept(reqs[i], token)
+                self._accept(reqs[i], token, logprobs and logprobs.at(row, token))
         self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.stats.evicted_pages = self.cache.evicted_pages
         return True
 
-    def _accept(self, req: _Request, token: int) -> None:
+    def _accept(self, req: _Request, token: int, logprobs: TokenLogprobs | None = None) -> None:
         req.tokens.append(token)
         reason = req.sampler.finish_reason(token, req.generated)
         if reason is None and len(req.tokens) >= self.context_length:
@@ -358,7 +365,7 @@ class Scheduler:
             self.running.remove(req)
             self._release(req, cache=True)
             self.stats.finished_requests += 1
-        self._emit(req, [token], reason)
+        self._emit(req, [token], reason, [logprobs] if logprobs else [])
 
     def _drop_unsampleable(self, req: _Request) -> None:
         """End ``req`` alone with ``abort``: its logits left nothing to draw from (NaN or
