@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
@@ -56,6 +57,7 @@ class PageKit:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
+        self.templates.filters["dollars"] = dollars
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -160,6 +162,14 @@ def login_redirect(request: Request) -> Response:
     if request.method != "GET":
         target = "/console"
     return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def dollars(value: Decimal, places: int | None = None) -> str:
+    """``value`` as ``$1,234.50``: to ``places`` decimals, or as many as it has (at least 2)."""
+    if places is None:
+        exponent = value.normalize().as_tuple().exponent
+        places = max(2, -exponent if isinstance(exponent, int) else 2)
+    return f"${value:,.{places}f}"
 
 
 def text_field(form: FormData, name: str, *, strip: bool = True) -> str:

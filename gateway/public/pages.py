@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.pages.kit import PageKit
-from gateway.public import figures
+from gateway.public import estimate, figures
 from gateway.public.config import SiteConfig
 
 #: Shown in the examples when no worker is registered yet.
@@ -45,7 +45,11 @@ class PublicPages:
         return self.site.render(request, "site/landing.html", benchmarks=benches)
 
     async def pricing(self, request: Request) -> Response:
-        """Every plan with its price and limits, from the plans table."""
+        """Every plan with its price, limits and per-token prices, and the estimator for the
+        conversation in the query (``?turns=&history=&message=&answer=``; 400 with the
+        problems named, and the defaults estimated, when a field is not a number in range)."""
+        conversation, errors = estimate.parse(request.query_params)
+        prices = self.site.config.billing.token_prices
         rows = await self.site.db.fetch(
             "SELECT name, monthly_price_cents, requests_per_min, tokens_per_min, "
             "tokens_per_day, max_concurrent, max_context FROM plans "
@@ -53,7 +57,16 @@ class PublicPages:
         )
         plans = [PlanRow(*r) for r in rows]
         return self.site.render(
-            request, "site/pricing.html", plans=plans, sales_email=self.config.sales_email
+            request,
+            "site/pricing.html",
+            400 if errors else 200,
+            plans=plans,
+            prices=prices,
+            sales_email=self.config.sales_email,
+            fields=estimate.FIELDS,
+            conversation=conversation,
+            errors=errors,
+            estimate=estimate.estimate(conversation, prices),
         )
 
     async def docs(self, request: Request) -> Response:

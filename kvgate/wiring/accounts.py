@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.billing.config import BillingConfig
+from gateway.billing.config import BillingConfig, TokenPrices
 from gateway.pages.config import AccountsConfig, SmtpConfig
 from kvgate.settings import Settings
 
@@ -15,6 +15,9 @@ def billing_config(settings: Settings) -> BillingConfig:
         prices=dict(settings.stripe_prices),
         metered_prices=tuple(settings.stripe_metered_prices),
         meter_ids=dict(settings.stripe_meter_ids),
+        token_prices=TokenPrices(
+            settings.price_input, settings.price_cached_input, settings.price_output
+        ),
         grace_days=settings.billing_grace_days,
     )
 
