@@ -11,7 +11,6 @@ importable on their own.
 from __future__ import annotations
 
 import os
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -227,20 +226,20 @@ class Settings(BaseSettings):
         description="Meter name (input_tokens, cached_input_tokens, output_tokens) -> Stripe "
         "meter id, for `kvgate billing reconcile`.",
     )
-    price_input: Decimal = Field(
-        Decimal("0.50"),
+    price_input: float = Field(
+        0.50,
         ge=0,
         description="USD per million uncached input tokens on paid plans, as the pricing page "
         "shows it: the unit amount of the input metered Stripe price.",
     )
-    price_cached_input: Decimal = Field(
-        Decimal("0.05"),
+    price_cached_input: float = Field(
+        0.05,
         ge=0,
         description="USD per million cached input tokens (served from a KV tier) on paid "
         "plans: the unit amount of the cached-input metered Stripe price.",
     )
-    price_output: Decimal = Field(
-        Decimal("1.50"),
+    price_output: float = Field(
+        1.50,
         ge=0,
         description="USD per million output tokens on paid plans: the unit amount of the "
         "output metered Stripe price.",

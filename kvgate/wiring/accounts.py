@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from gateway.billing.config import BillingConfig, TokenPrices
 from gateway.pages.config import AccountsConfig, SmtpConfig
 from kvgate.settings import Settings
@@ -15,8 +17,12 @@ def billing_config(settings: Settings) -> BillingConfig:
         prices=dict(settings.stripe_prices),
         metered_prices=tuple(settings.stripe_metered_prices),
         meter_ids=dict(settings.stripe_meter_ids),
+        # via str: the figure as typed (0.05), not the float nearest to it
         token_prices=TokenPrices(
-            settings.price_input, settings.price_cached_input, settings.price_output
+            *(
+                Decimal(str(p))
+                for p in (settings.price_input, settings.price_cached_input, settings.price_output)
+            )
         ),
         grace_days=settings.billing_grace_days,
     )
