@@ -5,7 +5,7 @@ Both the gateway (which inspects and rewrites bodies before proxying) and the wo
 gateway accepts is a body a worker accepts. Beyond OpenAI's parameters they carry SGLang's sampling extras
 (``min_tokens``, ``top_k``, ``stop_token_ids``, ``ignore_eos``) and the cache-salt fields
 of :mod:`protocol.fields`. Unknown fields are ignored, as OpenAI-compatible servers do;
-parameters we cannot honour (``logprobs``) are rejected rather than ignored so
+parameters we cannot honour (``echo``, ``suffix``) are rejected rather than ignored so
 that a client never silently gets less than it asked for. Checks that need the model (token
 ids against its vocabulary, lengths against its context) are the worker's, which also
 samples a temperature below 1e-5 greedily and reads a ``top_k`` beyond the vocabulary as
@@ -24,6 +24,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -40,6 +41,11 @@ MAX_DEPTH = 64
 #: Most choices one request may ask for: each is a sequence the engine decodes, and the
 #: gateway reserves every one's tokens at admission.
 MAX_CHOICES = 8
+
+#: Most alternatives per token a chat completion may ask for (``top_logprobs``), and a text
+#: completion (``logprobs``), as OpenAI allows.
+MAX_TOP_LOGPROBS = 20
+MAX_TEXT_LOGPROBS = 5
 
 #: The seeds a request may carry: any signed or unsigned 64-bit integer (what a
 #: ``torch.Generator`` takes; larger ones would fail inside the worker's engine).
@@ -193,18 +199,26 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
+    #: the log-probability of each generated token (``choices[i].logprobs.content``)
     logprobs: StrictBool | None = None
-    top_logprobs: int | None = None
+    #: with ``logprobs``, the most likely alternatives at each position, this many
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     #: passed through to engines that serve them (SGLang); the built-in one refuses them
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs are not supported by this server; remove 'logprobs'")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and info.data.get("logprobs") is not True:
+            raise ValueError("only taken with 'logprobs': true; send that too, or remove it")
+        return top
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token to report, or None when no log-probabilities are asked."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (the current OpenAI name) wins over ``max_tokens``."""
@@ -216,7 +230,8 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: TokenCount | None = 16  # OpenAI's default for text completions
-    logprobs: int | None = None
+    #: the log-probability of each generated token and of this many alternatives
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TEXT_LOGPROBS)
     echo: StrictBool = False
     suffix: str | None = None
 
@@ -236,10 +251,13 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError("the prompt is empty")
         return prompt
 
+    @property
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token to report, or None when no log-probabilities are asked."""
+        return self.logprobs
+
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.logprobs:
-            raise ValueError("logprobs are not supported by this server; remove 'logprobs'")
         if self.echo:
             raise ValueError("echo is not supported by this server; remove 'echo'")
         if self.suffix:

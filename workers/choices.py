@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 
 from workers.context import WorkerContext
-from workers.engine.api import GenerateRequest
+from workers.engine.api import GenerateRequest, TokenLogprobs
 from workers.generation import TextDelta, Usage
 
 #: one choice's delta, tagged with its index
@@ -82,17 +82,20 @@ async def collect_choices(items: AsyncIterator[Tagged], n: int) -> list[TextDelt
     """Run every choice to its end; per choice, one delta holding all its text."""
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[TokenLogprobs]] = [[] for _ in range(n)]
     finals: list[TextDelta | None] = [None] * n
     async with aclosing(items):  # type: ignore[type-var]
         async for index, delta in items:
             texts[index].append(delta.text)
             ids[index].extend(delta.token_ids)
+            logprobs[index].extend(delta.logprobs)
             if delta.finish_reason is not None:
                 finals[index] = delta
     out = []
     for index, final in enumerate(finals):
         assert final is not None, f"choice {index} ended without a finish reason"
-        out.append(TextDelta("".join(texts[index]), ids[index], final.usage, final.finish_reason))
+        text = "".join(texts[index])
+        out.append(TextDelta(text, ids[index], final.usage, final.finish_reason, logprobs[index]))
     return out
 
 

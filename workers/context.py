@@ -37,6 +37,14 @@ class TextTokenizer(Protocol):
         """A fresh incremental detokenizer for one request."""
         ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (whole, even part of a character)."""
+        ...
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether a token is special, which decoded text leaves out."""
+        ...
+
 
 #: Renders chat messages (``{"role", "content"}`` dicts) into the prompt text, generation prompt included.
 ChatTemplate = Callable[[list[dict[str, Any]]], str]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.tiers import TIERS
-from workers.engine.api import TokenEvent
+from workers.engine.api import TokenEvent, TokenLogprobs
 from workers.metrics import ServerMetrics
 from workers.stop_strings import StopScanner
 
@@ -71,6 +71,8 @@ class TextDelta:
     token_ids: list[int]
     usage: Usage
     finish_reason: str | None = None
+    #: one per token of ``token_ids`` when the request asked for log-probabilities
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 async def generate_text(
@@ -94,20 +96,22 @@ async def generate_text(
             if stopped or event.finished:
                 reason = "stop" if stopped else (event.finish_reason or "stop")
                 metrics.finished(reason)
-                yield TextDelta(text, event.token_ids, Usage.of(event), reason)
+                yield TextDelta(text, event.token_ids, Usage.of(event), reason, event.logprobs)
                 return
             if text or event.token_ids:
-                yield TextDelta(text, event.token_ids, Usage.of(event))
+                yield TextDelta(text, event.token_ids, Usage.of(event), logprobs=event.logprobs)
 
 
 async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
     """Run a generation to its end; one delta holding all its text and token ids."""
     texts: list[str] = []
     ids: list[int] = []
+    logprobs: list[TokenLogprobs] = []
     async with aclosing(deltas):
         async for delta in deltas:
             texts.append(delta.text)
             ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
             if delta.finish_reason is not None:
-                return TextDelta("".join(texts), ids, delta.usage, delta.finish_reason)
+                return TextDelta("".join(texts), ids, delta.usage, delta.finish_reason, logprobs)
     raise RuntimeError("the engine ended a request without a final event")

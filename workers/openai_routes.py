@@ -23,6 +23,7 @@ from protocol.streaming import DONE, sse
 from workers.choices import Tagged, choices, collect_choices, combined_usage
 from workers.context import WorkerContext, request_id
 from workers.generation import TextDelta, Usage
+from workers.openai_logprobs import ChoiceLogprobs, TokenPieces
 from workers.streaming import sse_response, started
 
 #: OpenAI object names of the two kinds of completion.
@@ -108,13 +109,19 @@ async def _complete(
                 "min_tokens": body.min_tokens,
                 "stop_token_ids": tuple(body.stop_token_ids),
                 "ignore_eos": body.ignore_eos,
+                "logprobs": body.logprobs_k,
             },
             cache_salt=body.salt,
             param=param,
         )
         for i in range(body.n)
     ]
-    shape = _Shape(kind, f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}", ctx.engine.model_id)
+    shape = _Shape(
+        kind,
+        f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}",
+        ctx.engine.model_id,
+        None if body.logprobs_k is None else ctx.tokenizer,
+    )
     headers = {REQUEST_ID_HEADER: rid}
 
     items = choices(ctx, gens, body.stop_strings)
@@ -134,10 +141,14 @@ async def _complete(
 class _Shape:
     """Renders generated text as OpenAI chat or text-completion objects."""
 
-    def __init__(self, kind: str, response_id: str, model: str) -> None:
+    def __init__(
+        self, kind: str, response_id: str, model: str, pieces: TokenPieces | None = None
+    ) -> None:
         self.kind = kind
         self.id = response_id
         self.model = model
+        #: names tokens, when the request asked for log-probabilities
+        self.pieces = pieces
         self.created = int(time.time())
         #: the ``object`` of streamed chunks
         self.chunk_object = "chat.completion.chunk" if kind == _CHAT else _TEXT
@@ -159,13 +170,28 @@ class _Shape:
                 choice: dict[str, Any] = {"message": {"role": "assistant", "content": final.text}}
             else:
                 choice = {"text": final.text}
+            logprobs = (
+                self._logprobs().render(final.token_ids, final.logprobs) if self.pieces else None
+            )
             choices.append(
-                choice | {"index": index, "logprobs": None, "finish_reason": final.finish_reason}
+                choice
+                | {"index": index, "logprobs": logprobs, "finish_reason": final.finish_reason}
             )
         usage = combined_usage([f.usage for f in finals])
         return self._envelope(self.kind, choices) | {"usage": usage.openai()}
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+    def _logprobs(self) -> ChoiceLogprobs:
+        """A renderer of one choice's log-probabilities (only when they were asked)."""
+        assert self.pieces is not None
+        return ChoiceLogprobs(self.pieces, chat=self.kind == _CHAT)
+
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        finish_reason: str | None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One streamed chunk of choice ``index``; ``text`` None is a chat stream's opening
         role chunk."""
         if self.kind == _CHAT:
@@ -175,7 +201,7 @@ class _Shape:
             choice = {"delta": delta}
         else:
             choice = {"text": text or ""}
-        choice |= {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        choice |= {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope(self.chunk_object, [choice])
 
     async def stream(
@@ -183,19 +209,25 @@ class _Shape:
     ) -> AsyncGenerator[bytes, None]:
         """SSE events of a streamed completion, choices interleaved by index as they come,
         ending with ``data: [DONE]``; with ``every_chunk``, each text chunk carries the usage
-        of all choices so far."""
+        of all choices so far. Asked for, each chunk carries the log-probabilities of the
+        tokens since the previous chunk of its choice (text a stop string may still need
+        is held back, and so its tokens wait with it)."""
         usage_field = {"usage": None} if include_usage else {}
         latest: list[Usage] = [Usage()] * n
         finished = 0
+        renderers = [self._logprobs() for _ in range(n)] if self.pieces else None
         if self.kind == _CHAT:
             for index in range(n):
                 yield sse(self.chunk(index, None, None) | usage_field)
         async with aclosing(items):  # type: ignore[type-var]
             async for index, delta in items:
                 latest[index] = delta.usage
+                if renderers:
+                    renderers[index].add(delta.token_ids, delta.logprobs)
                 if delta.text or delta.finish_reason:
                     so_far = {"usage": combined_usage(latest).openai()}
-                    chunk = self.chunk(index, delta.text, delta.finish_reason)
+                    logprobs = renderers[index].take() if renderers else None
+                    chunk = self.chunk(index, delta.text, delta.finish_reason, logprobs)
                     yield sse(chunk | (so_far if every_chunk else usage_field))
                 finished += delta.finish_reason is not None
                 if finished == n and include_usage:

@@ -36,6 +36,7 @@ ACCEPTED = [
     {"user": "someone", "unknown_field": {"deep": [1, 2]}},
     {"max_completion_tokens": 2},
     {"logprobs": False},
+    {"logprobs": True, "top_logprobs": 3},
     {
         "messages": [
             {"role": "system", "content": "Be brief."},
@@ -58,10 +59,20 @@ REFUSED = [
     ({"top_p": 0}, "top_p"),
     ({"stop": [""]}, "stop"),
     ({"seed": 2**70}, "seed"),
-    ({"logprobs": True}, None),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
 ]
-TEXT_ACCEPTED = [{}, {"prompt": [1, 2, 3]}, {"prompt": ["Hi"]}, {"stream": True}]
+TEXT_ACCEPTED = [
+    {},
+    {"prompt": [1, 2, 3]},
+    {"prompt": ["Hi"]},
+    {"stream": True},
+    {"logprobs": 2},
+]
 TEXT_REFUSED = [
+    ({"logprobs": 6}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"echo": True}, None),

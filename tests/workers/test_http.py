@@ -323,7 +323,7 @@ async def test_chat_stream_opens_with_the_role_and_ends_with_done(
         ({"messages": HELLO, "max_completion_tokens": 10**8}, "max_completion_tokens", "less than"),
         ({"messages": HELLO, "max_tokens": TINY_CONTEXT}, "max_tokens", "context"),
         ({"messages": [{"role": "user", "content": "hi " * TINY_CONTEXT}]}, "messages", "shorten"),
-        ({"messages": HELLO, "logprobs": True}, None, "logprobs are not supported"),
+        ({"messages": HELLO, "top_logprobs": 3}, "top_logprobs", "'logprobs': true"),
     ],
 )
 async def test_bad_chat_requests_get_400_with_a_message(

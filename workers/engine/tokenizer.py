@@ -9,6 +9,7 @@ as Hugging Face tokenizer files (``save_pretrained``) that ``transformers`` load
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,6 +224,29 @@ class Tokenizer:
             messages, add_generation_prompt=add_generation_prompt, **extra
         )
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` stands for (a special token's: its name), whole even where
+        the token holds part of a character, which decoding it alone would replace."""
+        token = self.backend.id_to_token(token_id)
+        if token is None:
+            raise ValueError(f"{token_id} is not a token id of this tokenizer")
+        if token_id in self._added_ids or not all(c in _BYTE_OF_CHAR for c in token):
+            return self.decode([token_id], skip_special_tokens=False).encode()
+        return bytes(_BYTE_OF_CHAR[c] for c in token)
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether ``token_id`` is a special token, which decoded text leaves out."""
+        return token_id in self._special_ids
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self.backend.get_added_tokens_decoder())
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        added = self.backend.get_added_tokens_decoder()
+        return frozenset(i for i, t in added.items() if t.special)
+
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh streaming detokenizer for one generated sequence."""
         return IncrementalDetokenizer(self, skip_special_tokens)
@@ -233,6 +257,18 @@ class Tokenizer:
         from workers.engine.tokenizer_export import save_pretrained
 
         return save_pretrained(self, Path(directory))
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, which byte-level BPE vocabularies are written in: the
+    character standing for each byte (printable bytes stand for themselves, the others for
+    the characters from U+0100 on, in byte order)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(shifted)}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
 
 
 class IncrementalDetokenizer:
