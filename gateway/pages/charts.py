@@ -2,7 +2,8 @@
 
 Two kinds share one frame (title, y scale with grid lines, legend): stacked bars per day
 (the console's and admin's usage) and lines over arbitrary timestamps (the tier figures
-sampled every minute). The SVG scales with its container (``viewBox`` plus
+sampled every minute). A third, labelled horizontal bars, compares a few figures (the
+landing page's time to first token per tier). The SVG scales with its container (``viewBox`` plus
 ``width: 100%`` in CSS), so the same chart fits a phone and a desktop. Every text in it
 goes through Markup escaping.
 """
@@ -133,3 +134,44 @@ def line_chart(
                 f"<title>{escape(line.label)}</title></polyline>"
             )
     return _close(parts, lines, left, gap=24, per_char=7)
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One horizontal bar: a label above it, a CSS class (its colour), a value and the text
+    printed after the bar (the value as a reader wants it)."""
+
+    label: str
+    css: str
+    value: float
+    text: str
+
+
+_HBAR_W, _ROW = 480, 44
+
+
+def hbars(title: str, bars: list[Bar]) -> Markup:
+    """An SVG of one labelled horizontal bar per entry, all on one linear scale from 0.
+
+    Narrower than the other charts (480 units), so that on a 390 px phone its text stays
+    readable; each bar carries its value in ``data-value`` for tests and scripts.
+    """
+    top = max([b.value for b in bars if b.value > 0] or [1.0])
+    room = _HBAR_W - 90  # the value's text goes right of the longest bar
+    height = _ROW * len(bars) + 8
+    parts = [
+        f'<svg class="chart hbars" viewBox="0 0 {_HBAR_W} {height}" role="img" '
+        f'aria-label="{escape(title)}"><title>{escape(title)}</title>'
+    ]
+    for i, bar in enumerate(bars):
+        y = i * _ROW
+        width = max(room * bar.value / top, 2.0)
+        parts.append(
+            f'<text class="label" x="0" y="{y + 14}">{escape(bar.label)}</text>'
+            f'<rect class="{escape(bar.css)}" x="0" y="{y + 20}" width="{width:.1f}" '
+            f'height="16" data-value="{bar.value!r}"><title>{escape(bar.label)}: '
+            f"{escape(bar.text)}</title></rect>"
+            f'<text class="value" x="{width + 6:.1f}" y="{y + 33}">{escape(bar.text)}</text>'
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

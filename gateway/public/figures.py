@@ -1,50 +1,53 @@
-"""The measured figures shown on the landing page, read from ``kvgate bench`` output.
+"""Every benchmark report in full, for the /benchmarks page, read from ``kvgate bench`` output.
 
-Each benchmark writes ``docs/benchmarks/<name>.md`` (a title and tables) and sometimes
-``<name>.json`` (flat figures). The landing page shows, per benchmark, the Markdown's title
-and first table; a benchmark with only JSON shows its numeric figures. Nothing is invented:
-with no files there is no figures section.
+Each benchmark writes ``docs/benchmarks/<name>.md`` (a title, the conditions, tables) and
+often ``<name>.json`` (the figures). The page shows each Markdown report rendered as HTML
+(markdown-it, raw HTML off: a report cannot inject markup), its headings moved one level
+down under the page's own and every table in a horizontally scrolling box, so a wide table
+never widens a phone's viewport. A benchmark with only JSON shows its numeric figures as a
+table. Nothing is invented: with no files there is nothing to show.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+
+_MD = MarkdownIt("commonmark", {"html": False}).enable("table")
+_HEADING = re.compile(r"<(/?)h([1-5])>")
+
 
 @dataclass(frozen=True)
-class Benchmark:
-    """One benchmark's headline table."""
+class Report:
+    """One benchmark's report as HTML."""
 
     name: str
     title: str
-    header: list[str]
-    rows: list[list[str]]
+    html: Markup
 
 
-def _cells(line: str) -> list[str]:
-    return [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+def _html(markdown: str) -> Markup:
+    html = _MD.render(markdown)
+    html = _HEADING.sub(lambda m: f"<{m[1]}h{int(m[2]) + 1}>", html)
+    html = html.replace("<table>", '<div class="scroll"><table>')
+    return Markup(html.replace("</table>", "</table></div>"))
 
 
-def from_markdown(name: str, text: str) -> Benchmark | None:
-    """The title and first table of a benchmark report; None when it has no table."""
+def from_markdown(name: str, text: str) -> Report:
+    """A report's Markdown as HTML, titled by its first ``# `` line (else by ``name``)."""
     lines = text.splitlines()
     title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), name)
-    table: list[list[str]] = []
-    for line in lines:
-        if line.lstrip().startswith("|"):
-            table.append(_cells(line))
-        elif table:
-            break
-    # row 1 is the |---| separator line
-    if len(table) < 3:
-        return None
-    return Benchmark(name, title, table[0], table[2:])
+    body = "\n".join(ln for ln in lines if not ln.startswith("# "))
+    return Report(name, title, _html(body))
 
 
-def from_json(name: str, text: str) -> Benchmark | None:
-    """Flat numeric figures of a JSON benchmark result; None when there are none."""
+def from_json(name: str, text: str) -> Report | None:
+    """The flat numeric figures of a JSON result as a table; None when there are none."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -52,24 +55,26 @@ def from_json(name: str, text: str) -> Benchmark | None:
     if not isinstance(data, dict):
         return None
     rows = [
-        [key, f"{value:,.3g}" if isinstance(value, float) else f"{value:,}"]
+        f"| {key.replace('|', '/')} | {value:,.3g} |"
+        if isinstance(value, float)
+        else f"| {key.replace('|', '/')} | {value:,} |"
         for key, value in data.items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     ]
-    return Benchmark(name, name, ["figure", "measured"], rows) if rows else None
+    if not rows:
+        return None
+    return Report(name, name, _html("\n".join(["| figure | measured |", "|---|---|", *rows])))
 
 
-def load(directory: Path | None) -> list[Benchmark]:
-    """Every benchmark found in ``directory`` (Markdown preferred over JSON), by name."""
+def load(directory: Path | None) -> list[Report]:
+    """Every report found in ``directory`` (Markdown preferred over JSON), by name."""
     if directory is None or not directory.is_dir():
         return []
-    found: dict[str, Benchmark] = {}
+    found: dict[str, Report] = {}
     for path in sorted(directory.glob("*.json")):
-        bench = from_json(path.stem, path.read_text(errors="replace"))
-        if bench is not None:
-            found[path.stem] = bench
+        report = from_json(path.stem, path.read_text(errors="replace"))
+        if report is not None:
+            found[path.stem] = report
     for path in sorted(directory.glob("*.md")):
-        bench = from_markdown(path.stem, path.read_text(errors="replace"))
-        if bench is not None:
-            found[path.stem] = bench
+        found[path.stem] = from_markdown(path.stem, path.read_text(errors="replace"))
     return [found[name] for name in sorted(found)]

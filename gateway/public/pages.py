@@ -1,4 +1,5 @@
-"""The public pages: landing (with measured figures), pricing, API docs and the playground.
+"""The public pages: landing (the claim and its proof), benchmarks, pricing, API docs and
+the playground.
 
 No login anywhere here. The playground page is a shell: its script (``web/static/
 playground.js``) talks to the same ``/v1`` API as any client, as the anonymous free tier.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.pages.charts import Bar, hbars
 from gateway.pages.kit import PageKit
-from gateway.public import estimate, figures
+from gateway.public import estimate, figures, proof
 from gateway.public.config import SiteConfig
 
 #: Shown in the examples when no worker is registered yet.
@@ -40,9 +43,35 @@ class PublicPages:
         self.config = config
 
     async def landing(self, request: Request) -> Response:
-        """What kvgate is, and the benchmark figures measured so far."""
-        benches = figures.load(self.config.benchmarks_dir)
-        return self.site.render(request, "site/landing.html", benchmarks=benches)
+        """The claim and its proof: a returning conversation's time to first token from each
+        tier against recomputing it, from the latest multi-turn benchmark."""
+        run = proof.headline(self.config.benchmarks_dir)
+        charts: dict[str, Markup | None] = {"ttft_chart": None, "efficiency_chart": None}
+        if run is not None:
+            charts["ttft_chart"] = hbars(
+                f"Time to first token of a returning conversation, {run.history:,}-token history",
+                [
+                    Bar(proof.LABELS[place], f"s-{place}", seconds, f"{seconds:.3g} s")
+                    for place, seconds in run.ttft.items()
+                ],
+            )
+            if run.efficiency:
+                charts["efficiency_chart"] = hbars(
+                    "Requests per second, as a share of a GPU with infinite memory",
+                    [
+                        Bar(proof.LABELS.get(tier, tier), f"s-{tier}", share, f"{share:.0%}")
+                        for tier, share in run.efficiency.items()
+                    ],
+                )
+        gpu = proof.load(self.config.benchmarks_dir, proof.GPU_STEM)
+        return self.site.render(
+            request, "site/landing.html", run=run, gpu=gpu, labels=proof.LABELS, **charts
+        )
+
+    async def benchmarks(self, request: Request) -> Response:
+        """Every benchmark report in full."""
+        reports = figures.load(self.config.benchmarks_dir)
+        return self.site.render(request, "site/benchmarks.html", reports=reports)
 
     async def pricing(self, request: Request) -> Response:
         """Every plan with its price, limits and per-token prices, and the estimator for the

@@ -16,11 +16,12 @@ from gateway.public.pages import PublicPages
 
 
 def public_routes(config: GatewayConfig, site: PageKit) -> list[BaseRoute]:
-    """Landing, pricing, API docs, the playground and the contact form on ``site``."""
+    """Landing, benchmarks, pricing, API docs, the playground and the contact form on ``site``."""
     pages = PublicPages(site, config.site)
     contact = ContactViews(site, config.site, config.trusted_proxies)
     return [
         Route("/", pages.landing, methods=["GET"]),
+        Route("/benchmarks", pages.benchmarks, methods=["GET"]),
         Route("/pricing", pages.pricing, methods=["GET"]),
         Route("/docs", pages.docs, methods=["GET"]),
         Route("/playground", pages.playground, methods=["GET"]),

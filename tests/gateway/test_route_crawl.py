@@ -10,42 +10,25 @@ and, for forms, a valid CSRF token: a refusal is then the guard's, not the CSRF 
 from __future__ import annotations
 
 import re
-import uuid
-from dataclasses import dataclass
 
 import asyncpg
 import httpx
-from starlette.routing import Mount, Route
 
-from gateway import accounts
-from gateway.admin.staff import create_user
-from gateway.app import build_app
-from gateway.config import GatewayConfig
 from gateway.console.routes import WEBHOOK_PATH
-from gateway.pages import sessions, users
+from gateway.pages import sessions
 from gateway.pages.csrf import COOKIE as CSRF_COOKIE
-from gateway.public import leads
+from tests.support.crawl import app_routes, fill, make_world
 from tests.support.gateway import gateway_process
 
 ROLES = ("anonymous", "member", "owner", "staff")
-PASSWORD = "crawl-password-1"
 LOGIN = "login"  # expected: a 303 to the login page
 
 PUBLIC_PAGES = {
     "/", "/pricing", "/docs", "/playground", "/contact", "/contact/thanks", "/signup",
     "/login", "/password/forgot", "/healthz", "/readyz", "/metrics", "/openapi.json",
+    "/benchmarks",
     "/v1/models",
 }  # fmt: skip
-
-
-@dataclass
-class World:
-    """The ids the crawl fills into paths, and a session per role."""
-
-    team_id: int
-    key_id: int
-    lead_id: int
-    user_ids: dict[str, int]
 
 
 def expected(role: str, method: str, path: str) -> set[int | str]:
@@ -88,46 +71,6 @@ def expected(role: str, method: str, path: str) -> set[int | str]:
     raise AssertionError(f"the crawl has no expectation for {method} {path}: add one")
 
 
-async def _world(pool: asyncpg.Pool) -> World:
-    tag = uuid.uuid4().hex[:8]
-    team = await accounts.create_team(pool, f"crawl-{tag}", "team")
-    key, _ = await accounts.create_key(pool, team.name, "crawl")
-    ids = {}
-    for role in ("member", "owner", "staff", "leaver"):
-        ids[role], _ = await create_user(
-            pool, f"crawl-{role}-{tag}@example.com", PASSWORD, staff=role == "staff"
-        )
-    await users.add_member(pool, ids["owner"], team.id, "owner")
-    await users.add_member(pool, ids["member"], team.id, "member")
-    # the member whom the owner's crawl of /members/{user_id}/remove takes out of the team
-    await users.add_member(pool, ids["leaver"], team.id, "member")
-    form = leads.LeadForm("Crawl", f"crawl-{tag}@example.com", "Crawl Co", "1-10", "< 10M", "", "")
-    lead_id = await leads.store(pool, form, "10.255.0.1", 1000, 60)
-    return World(team.id, key.id, lead_id, ids)
-
-
-def _routes() -> list[tuple[str, str]]:
-    app = build_app(GatewayConfig(dsn="unused: only the route table is read"))
-    out = []
-    for route in app.routes:
-        if isinstance(route, Route):
-            out += [(m, route.path) for m in sorted(route.methods or ()) if m != "HEAD"]
-        elif isinstance(route, Mount):
-            out.append(("GET", route.path))
-        else:
-            raise AssertionError(f"unexpected route type {route!r}: teach the crawl about it")
-    return out
-
-
-def _fill(path: str, world: World) -> str:
-    return (
-        path.replace("{team_id:int}", str(world.team_id))
-        .replace("{key_id:int}", str(world.key_id))
-        .replace("{lead_id:int}", str(world.lead_id))
-        .replace("{user_id:int}", str(world.user_ids["leaver"]))
-    )
-
-
 _FORM = {
     "name": "crawl",
     "email": "crawl-invitee@example.com",
@@ -141,8 +84,8 @@ _FORM = {
 async def test_every_route_answers_each_role_as_specified(
     pg_dsn: str, pg_pool: asyncpg.Pool
 ) -> None:
-    world = await _world(pg_pool)
-    routes = _routes()
+    world = await make_world(pg_pool)
+    routes = app_routes()
     assert any(p.startswith("/admin") for _, p in routes) and any(p == "/" for _, p in routes)
     failures = []
     # No KVGATE_SESSION_SECRET: the site's form tokens must pass the console's checks too.
@@ -159,7 +102,7 @@ async def test_every_route_answers_each_role_as_specified(
                         if response.status_code != 200:
                             failures.append(f"GET /static/{asset}: {response.status_code}")
                     continue
-                target = _fill(path, world)
+                target = fill(path, world)
                 for role in ROLES:
                     client.cookies = httpx.Cookies(csrf)
                     if role != "anonymous":

@@ -1,16 +1,19 @@
-"""The public pages: figures from the benchmark reports, pricing from the plans table, API
-docs with working-looking examples, the playground shell, and security headers."""
+"""The public pages: the landing's proof and every report in full from the benchmarks,
+pricing from the plans table, API docs with working-looking examples, the playground shell,
+and security headers."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 
 from gateway.pages.headers import CSP
-from gateway.public import figures
+from gateway.public import figures, proof
 from tests.support.accounts import browser
 from tests.support.site import site_app
 
@@ -29,28 +32,112 @@ Some words.
 """
 
 
-async def test_landing_shows_the_measured_figures_when_reports_exist(
+def _multiturn(restore: dict[str, dict[str, float]], **extra: object) -> str:
+    """A multi-turn report as ``kvgate bench multiturn`` writes it (the fields the site reads)."""
+    return json.dumps(
+        {
+            "run": "full",
+            "machine": {"gpu": None, "cpu": "AMD EPYC", "cpus": 2, "processor": "x86_64"},
+            "model": "smollm2-135m-instruct",
+            "engine": "float32 on cpu",
+            "restore": {
+                length: {place: {"ttft": t, "error": ""} for place, t in probes.items()}
+                for length, probes in restore.items()
+            },
+            **extra,
+        }
+    )
+
+
+async def test_landing_leads_with_the_restore_figures_of_the_latest_run(
     pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    (tmp_path / "tiers.md").write_text(REPORT)
-    (tmp_path / "gateway.json").write_text('{"rps_stream": 205.6, "note": "x", "ok": true}')
+    (tmp_path / "multiturn_quick.json").write_text(
+        _multiturn({"4000": {"resident": 9.0, "recompute": 99.0}})
+    )
+    (tmp_path / "multiturn.json").write_text(
+        _multiturn(
+            {
+                "1000": {"resident": 0.05, "nas": 0.06, "recompute": 1.2},
+                "7000": {"resident": 0.169, "host": 0.22, "nas": 0.227, "recompute": 16.665},
+            },
+            date="2026-12-02T06:48:37Z",
+            efficiency_rps_nas={"value": 0.81, "target": ">= 0.8"},
+            efficiency_rps_host=0.9,
+        )
+    )
     async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
         html = (await client.get("/")).text
-    assert "Tier restore speed" in html and "13.65" in html and "0.66" in html
-    assert "not" not in re.findall(r"<td>(\w+)</td>", html)  # only the first table
-    assert "rps_stream" in html and "206" in html
+    # the full run, at its longest history, every place in the ladder's order
+    assert re.findall(r'<text class="label"[^>]*>([^<]+)</text>', html) == [
+        "resident on the GPU", "from host RAM", "from the NAS", "recomputed, no cache",
+        "from host RAM", "from the NAS",
+    ]  # fmt: skip
+    assert re.findall(r'data-value="([^"]+)"', html) == [
+        "0.169", "0.22", "0.227", "16.665", "0.9", "0.81",
+    ]  # fmt: skip
+    assert "7,000-token history" in html and "0.22 s from host RAM" in html
+    assert "16.7 s</strong>" in html and ">90%<" in html
+    assert "AMD EPYC, 2 CPU cores" in html and "on 2026-12-02" in html
+    assert 'id="gpu-note"' not in html and 'id="figures"' not in html
     async with browser(site_app(pg_pool, benchmarks_dir=tmp_path / "none")) as client:
         empty = (await client.get("/")).text
-    assert 'id="figures"' not in empty and "KV cache" in empty
+    assert 'id="proof"' not in empty and "KV page" in empty
 
 
-def test_reports_without_tables_or_numbers_give_no_figures() -> None:
-    assert figures.from_markdown("x", "# Title\n\nno table here\n") is None
+async def test_landing_explains_a_gpu_run_where_recompute_won(
+    pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    (tmp_path / "multiturn.json").write_text(_multiturn({"4000": {"nas": 0.2, "recompute": 7.0}}))
+    (tmp_path / "multiturn_cuda.json").write_text(
+        _multiturn(
+            {"4000": {"resident": 0.065, "nas": 1.312, "recompute": 0.443}},
+            machine={"gpu": "NVIDIA H200", "cpus": 16},
+            physics={
+                "prefill_tokens_per_s": {"4000": 9342.4},
+                "restore_bytes_per_s": {"nas": {"4000": 433773461.8}},
+                "break_even_bytes_per_s": 1224525665.1,
+            },
+        )
+    )
+    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
+        html = (await client.get("/")).text
+    note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
+    assert note is not None, html
+    text = " ".join(note.group(1).split())
+    assert "NVIDIA H200 GPU, 16 CPU cores recompute won (0.443 s against 1.31 s" in text
+    assert "9,342 tokens/s" in text and "1.22 GB/s" in text and "0.43 GB/s" in text
+
+
+def test_a_report_without_a_recompute_or_with_failed_probes_is_no_proof() -> None:
+    when = datetime(2026, 12, 3, tzinfo=UTC)
+    assert proof.from_json("x", {"restore": {}}, when) is None
+    assert proof.from_json("x", {"restore": {"4000": {"nas": {"ttft": 1}}}}, when) is None
+    failed = {"recompute": {"ttft": 9.0}, "nas": {"ttft": 0.1, "error": "timed out"}}
+    assert proof.from_json("x", {"restore": {"4000": failed}}, when) is None
+    run = proof.from_json("x", json.loads(_multiturn({"10": {"nas": 2, "recompute": 1}})), when)
+    assert run is not None and run.recompute_won and run.date == "2026-12-03"
+
+
+async def test_benchmarks_page_shows_every_report_in_full(
+    pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    (tmp_path / "tiers.md").write_text(REPORT + "\n<script>alert(1)</script>\n")
+    (tmp_path / "gateway.json").write_text('{"rps_stream": 205.6, "note": "x", "ok": true}')
+    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
+        html = (await client.get("/benchmarks")).text
+    assert '<h2 id="tiers-title">Tier restore speed</h2>' in html
+    assert "13.65" in html and ">shown<" in html  # every table, not the first only
+    assert html.count('<div class="scroll"><table>') == 3  # two reports' tables, each boxed
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert "rps_stream" in html and "206" in html
+
+
+def test_reports_without_numbers_give_no_json_figures() -> None:
     assert figures.from_json("x", '{"a": "text"}') is None
     assert figures.from_json("x", "not json") is None
-    bench = figures.from_markdown("x", REPORT)
-    assert bench is not None and bench.header == ["tier", "restore GB/s"]
-    assert bench.rows == [["host", "13.65"], ["nas", "0.66"]]
+    report = figures.from_markdown("x", "no title, no table\n")
+    assert report.title == "x" and "<table>" not in report.html
 
 
 async def test_pricing_lists_every_plan_from_the_table(pg_pool: asyncpg.Pool) -> None:

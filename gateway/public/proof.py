@@ -1,0 +1,153 @@
+"""The landing page's proof: how soon a returning conversation gets its first token from each
+tier, against recomputing its history, from the latest ``kvgate bench multiturn`` result.
+
+The benchmark's restore probe (``restore`` in its JSON) asks for one conversation of a
+given history length once more after its KV was left resident on the GPU, pushed to host
+RAM, to the NAS, to the object store, or dropped (recomputed); its time to first token is
+the figure a user feels. The landing page shows the longest history measured. When the run
+also measured requests/s against a worker with infinite memory (``efficiency_rps_<tier>``),
+those shares are shown too. The full run (``multiturn.json``) is preferred over the quick
+one, as ``docs/benchmarks.md`` does; the GPU run (``multiturn_cuda.json``) is read apart,
+because on it recompute won, and the page says why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+#: where a returning conversation's KV was, in the order the chart lists them
+PLACES = ("resident", "host", "nas", "object", "recompute")
+#: how the page names each place
+LABELS = {
+    "resident": "resident on the GPU",
+    "host": "from host RAM",
+    "nas": "from the NAS",
+    "object": "from the object store",
+    "recompute": "recomputed, no cache",
+}
+#: the CPU runs, the first found wins
+STEMS = ("multiturn", "multiturn_quick")
+GPU_STEM = "multiturn_cuda"
+_EFFICIENCY = "efficiency_rps_"
+
+
+@dataclass(frozen=True)
+class Run:
+    """The figures of one multi-turn benchmark run that the landing page shows."""
+
+    name: str
+    machine: str
+    model: str
+    #: the day it was measured (the JSON's ``date``, else the file's modification day)
+    date: str
+    #: history length of the returning conversation, tokens
+    history: int
+    #: place (see :data:`PLACES`) -> time to first token, seconds; measured places only
+    ttft: dict[str, float]
+    #: tier -> requests/s as a share of the same workload with infinite memory
+    efficiency: dict[str, float]
+    #: prefill tokens/s, NAS restore bytes/s and the restore rate that would beat prefill
+    prefill_tps: float | None = None
+    nas_bytes_per_s: float | None = None
+    break_even_bytes_per_s: float | None = None
+
+    @property
+    def fastest_tier(self) -> str | None:
+        """The quickest lower tier (host, NAS, object store) this run measured."""
+        lower = [p for p in ("host", "nas", "object") if p in self.ttft]
+        return min(lower, key=self.ttft.__getitem__) if lower else None
+
+    @property
+    def recompute_won(self) -> bool:
+        """Whether recomputing beat every lower tier (the claim does not hold on this run)."""
+        tier = self.fastest_tier
+        return (
+            tier is not None
+            and "recompute" in self.ttft
+            and self.ttft["recompute"] < (self.ttft[tier])
+        )
+
+
+def _machine(m: dict[str, Any]) -> str:
+    cores = f"{m['cpus']} CPU cores" if m.get("cpus") else "CPU"
+    if m.get("gpu"):
+        return f"{m['gpu']} GPU, {cores}"
+    return f"{m.get('cpu') or m.get('processor') or 'unknown CPU'}, {cores}"
+
+
+def _number(value: Any) -> float | None:
+    """A figure as the report writes it: a number, or a target's ``{"value": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def from_json(name: str, data: dict[str, Any], modified: datetime) -> Run | None:
+    """The landing figures of one report; None when it has no restore figure to compare."""
+    restore = data.get("restore")
+    if not isinstance(restore, dict):
+        return None
+    lengths = [k for k, v in restore.items() if str(k).isdigit() and isinstance(v, dict)]
+    if not lengths:
+        return None
+    history = max(lengths, key=int)
+    probes = restore[history]
+    ttft = {
+        place: float(probes[place]["ttft"])
+        for place in PLACES
+        if isinstance(probes.get(place), dict)
+        and not probes[place].get("error")
+        and _number(probes[place].get("ttft")) is not None
+    }
+    if "recompute" not in ttft or len(ttft) < 2:
+        return None
+    efficiency = {
+        key.removeprefix(_EFFICIENCY): share
+        for key, value in data.items()
+        if key.startswith(_EFFICIENCY) and (share := _number(value)) is not None
+    }
+    physics = data.get("physics") if isinstance(data.get("physics"), dict) else {}
+    prefill = physics.get("prefill_tokens_per_s", {})
+    nas = physics.get("restore_bytes_per_s", {}).get("nas", {})
+    return Run(
+        name=name,
+        machine=_machine(data.get("machine") or {}),
+        model=f"{data.get('model', 'unknown model')} ({data.get('engine', '')})".replace(" ()", ""),
+        date=str(data.get("date") or modified.date().isoformat())[:10],
+        history=int(history),
+        ttft=ttft,
+        efficiency=dict(sorted(efficiency.items(), key=lambda kv: _order(kv[0]))),
+        prefill_tps=_number(prefill.get(history)),
+        nas_bytes_per_s=_number(nas.get(history)),
+        break_even_bytes_per_s=_number(physics.get("break_even_bytes_per_s")),
+    )
+
+
+def _order(tier: str) -> int:
+    return PLACES.index(tier) if tier in PLACES else len(PLACES)
+
+
+def load(directory: Path | None, stem: str) -> Run | None:
+    """The run written as ``<stem>.json`` in ``directory``, if it has landing figures."""
+    path = None if directory is None else directory / f"{stem}.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    modified = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    return from_json(stem, data, modified)
+
+
+def headline(directory: Path | None) -> Run | None:
+    """The CPU run the landing page leads with: the full one, else the quick one."""
+    return next((run for stem in STEMS if (run := load(directory, stem)) is not None), None)
