@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from workers.engine.grammar import Grammar
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -35,6 +38,8 @@ class SamplingParams:
     #: None: no log-probabilities; k: each generated token's, with the k most likely
     #: alternatives (at most ``logprobs.MAX_TOP_LOGPROBS``)
     logprobs: int | None = None
+    #: what the output must follow (a JSON schema, tool calls), compiled; None: anything
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,26 @@ class EngineLoad:
     #: seconds the engine spent computing prompt tokens, since start (with the prompt tokens
     #: computed, what a recompute costs per token: what a restore must beat)
     prefill_seconds: float = 0.0
+    #: prompt tokens the engine computed (not restored), since start
+    prefill_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SentDown:
+    """What sending one cache namespace to cold storage did (``Engine.send_down``)."""
+
+    #: ``nas`` or ``object``
+    tier: str
+    #: pages written to the tier, from the device, host RAM and (for ``object``) the NAS
+    pages: int
+    #: device pool pages freed once their copies were written
+    device_pages: int
+    #: device pages left where they are: a running request pins (or extended) them
+    pinned_pages: int
+    #: host RAM copies dropped
+    host_pages: int
+    #: NAS copies deleted (sent to the object store)
+    nas_pages: int
 
 
 class Engine(Protocol):
@@ -107,6 +132,8 @@ class Engine(Protocol):
     model_id: str
     context_length: int
     eos_token_ids: tuple[int, ...]
+    #: width of the model's logits (token ids lie below it)
+    vocab_size: int
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         """Queue ``request`` and yield its events until one has ``finished``.
@@ -125,4 +152,11 @@ class Engine(Protocol):
 
     def load(self) -> EngineLoad:
         """Current load."""
+        ...
+
+    def send_down(self, namespace: str, tier: str) -> SentDown:
+        """Move the cache namespace's pages off the device and host RAM onto ``tier``
+        (``nas`` or ``object``), each written there before it leaves a faster tier; pages
+        running requests use stay. Blocks (call it off the event loop); raises
+        ``tiering.cold_storage.ColdStorageUnavailable`` when the tier is not configured."""
         ...

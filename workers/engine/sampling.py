@@ -9,6 +9,10 @@ Parameters are checked when a request's :class:`RequestSampler` is built, before
 request joins a batch: one request's bad values must not fail a step that other requests
 share. A row whose distribution still comes out unusable (non-finite logits, every token
 masked) yields None from :func:`sample` and the other rows are drawn as usual.
+
+A request with a grammar (structured output, forced tool calls) has its logits masked to
+what the grammar allows before anything else (:mod:`workers.engine.grammar`), and ends
+when the grammar is complete; ``min_tokens`` does not hold it back then.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from workers.engine.api import FinishReason, SamplingParams
+from workers.engine.grammar import GrammarState, constrain
 from workers.engine.logprobs import MAX_TOP_LOGPROBS
 
 #: Temperatures below this are greedy. Dividing logits by a smaller one overflows float32
@@ -99,12 +104,14 @@ class RequestSampler:
             self.generator = torch.Generator(device=device).manual_seed(seed)
         eos = () if params.ignore_eos else tuple(eos_token_ids)
         self.stop_ids = frozenset(eos) | frozenset(params.stop_token_ids)
-        #: ids suppressed until ``min_tokens`` have been generated
-        self.banned = sorted(self.stop_ids)
+        #: where the request is in its grammar, if it has one
+        self.grammar = GrammarState(params.grammar) if params.grammar is not None else None
+        #: ids suppressed until ``min_tokens`` have been generated (a grammar decides alone)
+        self.banned = sorted(self.stop_ids) if self.grammar is None else []
 
     def finish_reason(self, token: int, n_generated: int) -> FinishReason | None:
         """Why the request ends after emitting ``token`` as its ``n_generated``-th token."""
-        if token in self.stop_ids:
+        if token in self.stop_ids or (self.grammar is not None and self.grammar.terminated):
             return "stop"
         if n_generated >= self.params.max_tokens:
             return "length"
@@ -128,9 +135,23 @@ def sample(
 
     ``n_generated[i]`` is how many tokens row ``i``'s request has produced so far; stop and
     EOS ids are masked out while it is below that request's ``min_tokens``. A None row
-    does not change what the other rows draw: each row draws from its own generator.
+    does not change what the other rows draw: each row draws from its own generator. A row
+    with a grammar draws among the tokens it allows, and its grammar takes the token drawn.
     """
     logits = logits.float()
+    constrain(logits, [s.grammar for s in samplers])
+    out = _draw(logits, samplers, n_generated)
+    for i, s in enumerate(samplers):
+        token = out[i]
+        if s.grammar is not None and token is not None and not s.grammar.accept(token):
+            out[i] = None  # the grammar allowed nothing drawable (NaN logits): no distribution
+    return out
+
+
+def _draw(
+    logits: torch.Tensor, samplers: Sequence[RequestSampler], n_generated: Sequence[int]
+) -> list[int | None]:
+    """:func:`sample`'s draw from ``logits`` already masked by the rows' grammars."""
     for i, s in enumerate(samplers):
         if s.banned and n_generated[i] < s.params.min_tokens:
             logits[i, s.banned] = float("-inf")

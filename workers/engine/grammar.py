@@ -1,0 +1,137 @@
+"""Grammar-constrained decoding: a request's output follows a JSON schema or a tool-call format.
+
+xgrammar (the library SGLang uses, so both kinds of worker take the same schemas) compiles a
+schema against the model's vocabulary once (:class:`Grammars`); each constrained request
+then runs a matcher of that grammar (:class:`GrammarState`). Before a step, the matcher says
+which tokens may come next, as a bitmask :func:`constrain` applies to the request's logits
+(rows where every token is allowed are skipped); after it, the matcher takes the token
+picked. Once the grammar is complete only the model's end-of-sequence tokens are allowed;
+taking one ends the matcher, and with it the request (``stop``, even with ``ignore_eos``).
+
+On a GPU the bitmask is filled on the CPU while the forward pass still runs (nothing
+waits for the logits before :func:`constrain` returns), so its cost hides behind the step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from tokenizers import Tokenizer as HFTokenizer
+from transformers import PreTrainedTokenizerFast
+
+#: Most whitespace characters between two JSON tokens. Small models can fall into emitting
+#: newlines for ever inside a JSON object; a cap ends that while leaving room for indented,
+#: pretty-printed output (a 2-space indent ten levels deep is 21 characters).
+MAX_WHITESPACE = 24
+
+#: what xgrammar's C++ side prefixes its messages with: ``[12:09:59] /path/file.cc:4175: ``
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+class GrammarError(ValueError):
+    """A schema or format that cannot be compiled; the message says what is wrong in it."""
+
+
+@dataclass(frozen=True, eq=False)
+class Grammar:
+    """A compiled grammar: immutable, shared by every request (and choice) that uses it."""
+
+    compiled: xgr.CompiledGrammar
+    #: what it constrains to, for messages and logs (``json_schema``, ``tool calls``)
+    describes: str
+
+
+class Grammars:
+    """Compiles grammars for one model's vocabulary (thread-safe; results are cached)."""
+
+    def __init__(self, info: xgr.TokenizerInfo) -> None:
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=64 * 2**20)
+
+    @classmethod
+    def for_tokenizer(
+        cls, backend: HFTokenizer, *, vocab_size: int, stop_token_ids: Sequence[int]
+    ) -> Grammars:
+        """Grammars over ``backend``'s vocabulary, padded to the model's ``vocab_size`` (its
+        logits' width), ending on ``stop_token_ids`` (the model's EOS ids)."""
+        # xgrammar reads the vocabulary's kind (byte-level or not) from a transformers tokenizer
+        wrapped = PreTrainedTokenizerFast(tokenizer_object=backend)
+        info = xgr.TokenizerInfo.from_huggingface(
+            wrapped, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        return cls(info)
+
+    def json_schema(self, schema: Mapping[str, Any] | None) -> Grammar:
+        """JSON following ``schema``; None is any JSON object (OpenAI's ``json_object``)."""
+        text = json.dumps({"type": "object"} if schema is None else schema)
+        try:
+            compiled = self._compiler.compile_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarError(_message(exc)) from None
+        return Grammar(compiled, "json_object" if schema is None else "json_schema")
+
+    def structural_tag(self, tag: Mapping[str, Any], describes: str) -> Grammar:
+        """Text following an xgrammar structural tag (markup around JSON, as tool calls are)."""
+        try:
+            compiled = self._compiler.compile_structural_tag(json.dumps(tag))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarError(_message(exc)) from None
+        return Grammar(compiled, describes)
+
+
+def _message(exc: Exception) -> str:
+    """xgrammar's complaint, without the C++ source location it comes with."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _LOG_PREFIX.sub("", first)
+
+
+class GrammarState:
+    """One request's place in its grammar."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self._matcher = xgr.GrammarMatcher(grammar.compiled)
+
+    def accept(self, token: int) -> bool:
+        """Advance past ``token``; False when the grammar does not allow it."""
+        return bool(self._matcher.accept_token(token))
+
+    @property
+    def terminated(self) -> bool:
+        """Whether the grammar is complete and its end token taken: the request ends."""
+        return bool(self._matcher.is_terminated())
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into ``bitmask[row]``; False when every token is
+        allowed (nothing to apply)."""
+        return bool(self._matcher.fill_next_token_bitmask(bitmask, row))
+
+
+#: xgrammar's kernel for CUDA logits is Triton's; without Triton, its plain torch one
+_GPU_BACKEND = "triton" if importlib.util.find_spec("triton") else "torch_native"
+
+
+def constrain(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
+    """Mask, in place, the tokens each row's grammar forbids (``-inf``); rows without a
+    grammar, or whose grammar allows every token here, are left as they are."""
+    rows = [i for i, s in enumerate(states) if s is not None]
+    if not rows:
+        return
+    vocab = logits.shape[-1]
+    bitmask = xgr.allocate_token_bitmask(len(states), vocab)
+    rows = [i for i in rows if states[i].fill(bitmask, i)]  # type: ignore[union-attr]
+    if not rows:
+        return
+    if logits.device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
+    else:
+        on_device = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(
+            logits, on_device, vocab_size=vocab, indices=rows, backend=_GPU_BACKEND
+        )
