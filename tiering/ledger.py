@@ -199,6 +199,15 @@ class Ledger:
         )
         return [Row(*r) for r in rows]
 
+    async def keys_in(self, namespace: bytes, tier: int) -> list[bytes]:
+        """Every key of ``namespace`` that ``tier`` holds (cold storage moves them all)."""
+        rows = await self.pool.fetch(
+            "SELECT key FROM kv_ledger WHERE namespace = $1 AND tiers & $2::smallint <> 0",
+            namespace,
+            tier,
+        )
+        return [r["key"] for r in rows]
+
     async def held(self, keys: Sequence[bytes], tier: int) -> set[bytes]:
         """Which of ``keys`` the ledger says ``tier`` holds."""
         rows = await self.pool.fetch(

@@ -1,23 +1,32 @@
-"""Operational endpoints: health, load, metrics, server info, abort and cache flush.
+"""Operational endpoints: health, load, metrics, server info, abort, cache flush and cold
+storage.
 
 Shapes follow SGLang's server so that one gateway and one dashboard handle both the
-built-in worker and SGLang workers.
+built-in worker and SGLang workers. Like every worker route they trust their caller: only
+the gateways reach a worker (``infra/k8s/network-policies.yaml``), and a gateway names
+the cache namespace (``cache_salt``) of the caller it authenticated, here as on every
+completion. ``POST /cold_storage`` is how the playground's "send this conversation to
+cold storage" reaches the worker (``gateway/public/playground.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
+from typing import Literal
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from protocol.openai_errors import error_body
 from protocol.openai_requests import parse_body
+from tiering.cold_storage import ColdStorageUnavailable
+from tiering.tiers.base import TierError
 from workers.context import WorkerContext
 from workers.generation import collect
 
@@ -28,6 +37,16 @@ class AbortRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     rid: str
+
+
+class ColdStorageRequest(BaseModel):
+    """Body of ``POST /cold_storage``: whose pages, and to which tier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the cache namespace, as completions carry it (the gateway sets it)
+    cache_salt: str = Field(max_length=256)
+    tier: Literal["nas", "object"]
 
 
 def ops_routes(ctx: WorkerContext) -> list[Route]:
@@ -63,6 +82,11 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
                 "context_length": ctx.engine.context_length,
                 "eos_token_ids": list(ctx.engine.eos_token_ids),
                 "kv_pool_pages": load.pool_total_pages,
+                # prompt tokens computed per second of prefill, since start (None until
+                # the first prefill): what recomputing a prompt costs here
+                "prefill_tokens_per_s": (
+                    load.prefill_tokens / load.prefill_seconds if load.prefill_seconds else None
+                ),
                 **ctx.config.server_info,
             }
         )
@@ -105,6 +129,19 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
             status_code=400,
         )
 
+    async def cold_storage(request: Request) -> Response:
+        # Writes every page to a disk or S3: off the event loop, and the scheduler keeps
+        # stepping meanwhile (it waits only while the pages are listed and freed).
+        body = parse_body(ColdStorageRequest, await request.body())
+        try:
+            sent = await anyio.to_thread.run_sync(ctx.engine.send_down, body.cache_salt, body.tier)
+        except ColdStorageUnavailable as exc:
+            return JSONResponse(error_body(409, str(exc), param="tier"), status_code=409)
+        except (TierError, OSError, TimeoutError) as exc:
+            message = f"the {body.tier} tier failed; nothing was dropped: {exc}"
+            return JSONResponse(error_body(503, message), status_code=503)
+        return JSONResponse(dataclasses.asdict(sent))
+
     return [
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
@@ -113,4 +150,5 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/abort_request", abort_request, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST"]),
+        Route("/cold_storage", cold_storage, methods=["POST"]),
     ]

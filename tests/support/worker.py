@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from kvgate.wiring.engine import chat_template_of
+from kvgate.stack.postgres import create_pool
+from kvgate.wiring.engine import chat_template_of, kv_compute, kv_layout
+from tiering.cost import CostConfig, CostModel
+from tiering.ledger import Ledger
+from tiering.store import TieredStore
+from tiering.tiers.host import HostTier
+from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectConfig, ObjectTier
 from workers.context import ServerConfig
 from workers.engine.engine import EngineOptions, TorchEngine
 from workers.engine.tokenizer import load_tokenizer
@@ -74,3 +81,53 @@ async def serving(app: Starlette) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.contextmanager
+def tiered_tiny_engine(
+    nas_dir: Path, *, dsn: str | None = None, s3: ObjectConfig | None = None, pages: int = 256
+) -> Iterator[TorchEngine]:
+    """:func:`tiny_engine` (``pages`` pages of 16 tokens) over host RAM, the NAS at
+    ``nas_dir`` and, when given, the ledger on ``dsn`` and the object store ``s3``.
+
+    Its cost model assumes a slow prefill (50 tokens/s) and learns no faster one, so every
+    tier is worth fetching from: tests about restoring see restores, on any machine.
+    """
+    from workers.engine.tiered_offload import TieredOffload
+
+    async def build() -> TieredStore:
+        res = contextlib.AsyncExitStack()
+        nas = NasTier(NasConfig(nas_dir, fsync=False))
+        res.callback(nas.close)
+        obj = ledger = None
+        if s3 is not None:
+            obj = await ObjectTier(s3).start()
+            res.push_async_callback(obj.close)
+        if dsn is not None:
+            pool = await create_pool(dsn, min_size=0, max_size=4)
+            res.push_async_callback(pool.close)
+            ledger = Ledger(pool)
+        cost = CostModel(CostConfig(prior_prefill_tokens_per_s=50.0))
+        return TieredStore(
+            HostTier(1 << 28), nas=nas, obj=obj, ledger=ledger, cost=cost, resources=res
+        )
+
+    config, state = tiny_random()
+    options = EngineOptions(
+        device="cpu", context_length=TINY_CONTEXT, kv_pool_bytes=tiny_pool_bytes(pages)
+    )
+    offload = TieredOffload(
+        build,
+        model_fingerprint=f"{TINY_RANDOM}@cpu",
+        layout=kv_layout(config, options),
+        compute=kv_compute(options),
+        fetch_timeout_s=30,
+    )
+    try:
+        engine = TorchEngine(config, state, options, model_id=TINY_RANDOM, offload=offload)
+        try:
+            yield engine
+        finally:
+            engine.close()
+    finally:
+        offload.close()

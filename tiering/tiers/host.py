@@ -77,6 +77,11 @@ class HostTier:
             self._stats.items -= 1
             self._stats.deletes += 1
 
+    def blocks_of(self, namespace: bytes) -> list[Block]:
+        """Every block of ``namespace`` held now (not marked as used: cold storage reads
+        them to send them down)."""
+        return [b for b in self._blocks.values() if b.namespace == namespace]
+
     def clear(self) -> None:
         """Forget every block."""
         for key in list(self._blocks):

@@ -25,7 +25,8 @@ from typing import Literal
 
 import torch
 
-from workers.engine.api import EngineLoad, GenerateRequest, TokenEvent
+from workers.engine import cold_storage
+from workers.engine.api import EngineLoad, GenerateRequest, SentDown, TokenEvent
 from workers.engine.config import ModelConfig
 from workers.engine.kv_pool import KVPool
 from workers.engine.model import LlamaModel
@@ -200,7 +201,11 @@ class TorchEngine:
             preemptions=self.scheduler.stats.preemptions,
             evicted_pages=self.cache.evicted_pages,
             prefill_seconds=self.scheduler.stats.prefill_seconds,
+            prefill_tokens=self.scheduler.stats.prefill_tokens,
         )
+
+    def send_down(self, namespace: str, tier: str) -> SentDown:
+        return cold_storage.send_down(self.cache, self.offload, self._step_lock, namespace, tier)
 
     # --- extras for the server and tests --------------------------------------------------------
     def stats(self) -> EngineStats:

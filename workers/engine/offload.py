@@ -14,7 +14,10 @@ The engine calls an :class:`KVOffload` at two points and knows nothing else abou
 - after that device match, it hands
   :meth:`KVOffload.load_prefix` the fresh pool pages that follow (as a
   :class:`~workers.engine.kv_pool.RestoreTarget`); whatever consecutive run of them is
-  restored goes into the radix cache, and only the rest is prefilled.
+  restored goes into the radix cache, and only the rest is prefilled;
+- on request (the playground's cold storage) it hands one namespace's pages to
+  :meth:`KVOffload.send_down`, which writes them to the NAS or the object store and drops
+  the namespace's host RAM copies; the engine frees the device pages once that returned.
 
 Namespaces are the requests' cache salts; the implementation folds in the model
 fingerprint and the pool's :class:`~workers.engine.kv_pool.KVLayout` itself (it is given
@@ -29,6 +32,7 @@ from typing import Protocol
 
 import torch
 
+from tiering.cold_storage import ColdStorageUnavailable, Moved
 from workers.engine.kv_pool import RestoreTarget
 
 
@@ -85,6 +89,14 @@ class KVOffload(Protocol):
         """
         ...
 
+    def send_down(self, namespace: str, pages: list[OffloadPage], tier: str) -> Moved:
+        """Write ``pages`` (the namespace's device pages, still held by the caller) and the
+        namespace's pages in host RAM to ``tier`` (``nas`` or ``object``), then drop the
+        faster copies below the device. Blocks until done (call it off the scheduler
+        thread); :class:`~tiering.cold_storage.ColdStorageUnavailable` when ``tier`` is
+        not configured, the tier's error when a write failed (nothing dropped then)."""
+        ...
+
 
 class NoOffload:
     """No lower tiers: evicted pages are dropped and nothing is ever loaded."""
@@ -101,3 +113,6 @@ class NoOffload:
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
     ) -> Restored:
         return Restored()
+
+    def send_down(self, namespace: str, pages: list[OffloadPage], tier: str) -> Moved:
+        raise ColdStorageUnavailable("this worker keeps no tiers below its device pool")

@@ -215,28 +215,84 @@ class RadixCache:
             if want_chains and not node.stored:
                 outgoing.append(node)
                 chains.append(self._chain(node))
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.key]
-            self._leaves.discard(node)
             victims.append(node)
-            if parent.page is None:
-                if not parent.children:
-                    del self._roots[parent.namespace]
-            elif not parent.children:
-                self._leaves.add(parent)
-                if parent.ref == 0:
-                    heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            parent = self._detach(node)
+            if parent is not None and parent.ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
         if not victims:
             return 0
         if outgoing:
             self._hand_over(outgoing, chains)
-        pages = [v.page for v in victims]
-        self.pool.free(pages)  # type: ignore[arg-type]
-        self._pages -= len(victims)
+        self._free(victims)
         if offload:
             self.evicted_pages += len(victims)
         return len(victims)
+
+    def _detach(self, node: _Node) -> _Node | None:
+        """Take the leaf ``node`` out of the tree; its parent when that became a leaf."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key]
+        self._leaves.discard(node)
+        if parent.page is None:
+            if not parent.children:
+                del self._roots[parent.namespace]
+            return None
+        if parent.children:
+            return None
+        self._leaves.add(parent)
+        return parent
+
+    def _free(self, nodes: list[_Node]) -> None:
+        """Give detached ``nodes``' pages back to the pool."""
+        self.pool.free([n.page for n in nodes])  # type: ignore[misc]
+        self._pages -= len(nodes)
+
+    # --- one namespace at once (cold storage) ------------------------------------------------
+    def unpinned(self, namespace: str) -> tuple[list[PrefixHandle], list[tuple[int, ...]], int]:
+        """The pages of ``namespace`` that no running request pins, children before their
+        parents, with each one's token chain (from the first token to its own last); and
+        how many pages of it are pinned (they stay: a request is using them)."""
+        root = self._roots.get(namespace)
+        if root is None:
+            return [], [], 0
+        nodes: list[_Node] = []
+        chains: list[tuple[int, ...]] = []
+        pinned = 0
+        # iterative post-order walk, carrying each node's chain
+        stack: list[tuple[_Node, tuple[int, ...], bool]] = [
+            (child, child.key, False) for child in root.children.values()
+        ]
+        while stack:
+            node, chain, expanded = stack.pop()
+            if expanded:
+                if node.ref:
+                    pinned += 1
+                else:
+                    nodes.append(node)
+                    chains.append(chain)
+                continue
+            stack.append((node, chain, True))
+            stack.extend((c, chain + c.key, False) for c in node.children.values())
+        return nodes, chains, pinned
+
+    def drop(self, nodes: Sequence[PrefixHandle]) -> int:
+        """Free the pages of ``nodes`` (children before parents, as :meth:`unpinned` lists
+        them) that are still cached, unpinned and childless, without handing them to the
+        lower tiers (the caller has put them there). Nodes a request pinned, extended or
+        that left the tree since they were listed are kept. Returns the pages freed."""
+        gone: list[_Node] = []
+        for node in nodes:
+            parent = node.parent
+            if parent is None or parent.children.get(node.key) is not node:
+                continue
+            if node.ref or node.children:
+                continue
+            self._detach(node)
+            gone.append(node)
+        if gone:
+            self._free(gone)
+        return len(gone)
 
     def _hand_over(self, nodes: list[_Node], chains: list[tuple[int, ...]]) -> None:
         """Give ``nodes``' pages (whose token chains are ``chains``) to ``offer`` in one

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tiering import cold_storage
 from tiering.codec import Block, make_block
 from tiering.keys import Namespace, chain_keys, page_keys
 from tiering.landing import Landing
@@ -30,6 +31,9 @@ from workers.engine.offload import OffloadPage, Restored
 #: how long an abandoned restore's reads in flight are waited for before their pages are
 #: held back (a healthy NAS finishes a page read in well under this)
 LATE_GRACE_S = 0.05
+
+#: how long sending one namespace down to cold storage may take (writes of every page)
+SEND_DOWN_TIMEOUT_S = 120.0
 
 _TORCH_DTYPES = {
     "float32": torch.float32,
@@ -193,6 +197,15 @@ class TieredOffload:
             self.store.failures.record("offload", "late", f"{len(late)} pages still being read")
         target.commit(len(tiers))
         return Restored(tiers, frozenset(late))
+
+    def send_down(self, namespace: str, pages: list[OffloadPage], tier: str) -> cold_storage.Moved:
+        """Write ``pages`` and the namespace's host RAM pages to ``tier``, then drop them
+        from host RAM (see :mod:`tiering.cold_storage`); blocks up to ``SEND_DOWN_TIMEOUT_S``."""
+        blocks = self._blocks(pages) if pages else []
+        digest = self.namespace(namespace).digest
+        return self._call(
+            cold_storage.send_down(self.store, digest, blocks, tier), SEND_DOWN_TIMEOUT_S
+        )
 
     def _learn_prefill_rate(self) -> None:
         if self._prefill_stats is None:

@@ -1,0 +1,102 @@
+"""``POST /cold_storage`` on the built-in worker: one cache namespace's pages leave the
+device and host RAM for the NAS or the object store, and the next turn restores them from
+there with the output a recompute gives; another namespace's pages stay where they were.
+Bad bodies are 400s naming the field; a worker without lower tiers answers 409."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvgate.stack.seaweed import S3Endpoint
+from tests.support.tiering import object_config
+from tests.support.worker import GREEDY, MODEL, tiered_tiny_engine, worker_app
+
+PAGE = 16
+
+
+async def _complete(client: httpx.AsyncClient, prompt: list[int], salt: str) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": salt, **GREEDY}
+    reply = await client.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _tiers(answer: dict[str, Any]) -> dict[str, int]:
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
+
+
+async def _send_down(client: httpx.AsyncClient, salt: str, tier: str) -> dict[str, Any]:
+    reply = await client.post("/cold_storage", json={"cache_salt": salt, "tier": tier})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+async def test_a_namespace_sent_to_the_nas_then_the_object_store_comes_back_from_each(
+    pg_dsn: str, nas_dir: Path, s3_server: S3Endpoint, smollm2_gguf: Path
+) -> None:
+    mine, theirs = f"visitor-{uuid.uuid4().hex}", f"other-{uuid.uuid4().hex}"
+    prompt = list(range(3000, 3100))  # 6 full pages; the 7th is recomputed for its logits
+    other = list(range(5000, 5100))
+    resident = 6 * PAGE
+    with tiered_tiny_engine(nas_dir, dsn=pg_dsn, s3=object_config(s3_server)) as engine:
+        app = worker_app(engine, smollm2_gguf)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
+            first = await _complete(c, prompt, mine)
+            await _complete(c, other, theirs)
+
+            sent = await _send_down(c, mine, "nas")
+            assert sent["tier"] == "nas"
+            assert sent["device_pages"] >= 6 and sent["pinned_pages"] == 0
+            assert sent["pages"] >= sent["device_pages"]
+            assert list(nas_dir.rglob("*")), "nothing was written to the NAS"
+
+            from_nas = await _complete(c, prompt, mine)
+            assert _tiers(from_nas) == {"device": 0, "host": 0, "nas": resident, "object": 0}
+            assert from_nas["choices"][0]["text"] == first["choices"][0]["text"]
+            # the other namespace was not touched: still on the device
+            assert _tiers(await _complete(c, other, theirs))["device"] == resident
+
+            sent = await _send_down(c, mine, "object")
+            assert sent["tier"] == "object" and sent["nas_pages"] >= 6
+
+            from_object = await _complete(c, prompt, mine)
+            assert _tiers(from_object) == {"device": 0, "host": 0, "nas": 0, "object": resident}
+            assert from_object["choices"][0]["text"] == first["choices"][0]["text"]
+
+            info = (await c.get("/server_info")).json()
+            assert info["prefill_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"cache_salt": "s", "tier": "tape"}, "tier"),
+        ({"cache_salt": "s"}, "tier"),
+        ({"tier": "nas"}, "cache_salt"),
+        ({"cache_salt": "s" * 257, "tier": "nas"}, "cache_salt"),
+        ({"cache_salt": "s", "tier": "nas", "everyone": True}, "everyone"),
+    ],
+)
+async def test_a_bad_body_is_a_400_naming_the_field(
+    worker_client: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    reply = await worker_client.post("/cold_storage", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+async def test_not_json_is_a_400(worker_client: httpx.AsyncClient) -> None:
+    reply = await worker_client.post("/cold_storage", content=b"tier=nas")
+    assert reply.status_code == 400
+    assert "not valid JSON" in reply.json()["error"]["message"]
+
+
+async def test_a_worker_without_lower_tiers_answers_409(worker_client: httpx.AsyncClient) -> None:
+    reply = await worker_client.post("/cold_storage", json={"cache_salt": "s", "tier": "nas"})
+    assert reply.status_code == 409
+    assert "no tiers below" in reply.json()["error"]["message"]
