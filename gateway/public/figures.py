@@ -34,7 +34,9 @@ class Report:
 def _html(markdown: str) -> Markup:
     html = _MD.render(markdown)
     html = _HEADING.sub(lambda m: f"<{m[1]}h{int(m[2]) + 1}>", html)
-    html = html.replace("<table>", '<div class="scroll"><table>')
+    # scroll boxes take the keyboard focus, so they can be scrolled without a mouse
+    html = html.replace("<table>", '<div class="scroll" tabindex="0"><table>')
+    html = html.replace("<pre>", '<pre tabindex="0">')
     return Markup(html.replace("</table>", "</table></div>"))
 
 

@@ -128,7 +128,9 @@ async def test_benchmarks_page_shows_every_report_in_full(
         html = (await client.get("/benchmarks")).text
     assert '<h2 id="tiers-title">Tier restore speed</h2>' in html
     assert "13.65" in html and ">shown<" in html  # every table, not the first only
-    assert html.count('<div class="scroll"><table>') == 3  # two reports' tables, each boxed
+    assert (
+        html.count('<div class="scroll" tabindex="0"><table>') == 3
+    )  # two reports' tables, each boxed
     assert "<script>alert" not in html and "&lt;script&gt;" in html
     assert "rps_stream" in html and "206" in html
 
