@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from starlette.applications import Starlette
@@ -44,6 +44,7 @@ from gateway.pages.headers import SECURITY_HEADERS, SecurityHeadersMiddleware
 from gateway.pages.kit import PageKit
 from gateway.pages.mailer import Mailer
 from gateway.public.routes import public_routes
+from gateway.responses_api import ResponsesApi
 from gateway.router import Router
 from gateway.usage import UsageRecorder
 
@@ -146,12 +147,12 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: models of healthy workers, as an OpenAI model list."""
-        await self._caller(request)
+        await self.caller(request)
         return JSONResponse({"object": "list", "data": [_model(m) for m in self.router.models()]})
 
     async def model(self, request: Request) -> Response:
         """``GET /v1/models/{model}``: one model, or OpenAI's 404."""
-        await self._caller(request)
+        await self.caller(request)
         name = request.path_params["model"]
         if name not in self.router.models():
             raise ApiError(
@@ -162,7 +163,7 @@ class Gateway:
             )
         return JSONResponse(_model(name))
 
-    async def _caller(self, request: Request) -> Principal:
+    async def caller(self, request: Request) -> Principal:
         """Who is asking (a kvgate key that is not live is refused on every /v1 route)."""
         peer = request.client.host if request.client else None
         ip = client_ip(peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies)
@@ -178,8 +179,24 @@ class Gateway:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
+        async def prepare(who: Principal) -> inbound.Inbound:
+            return inbound.parse(await request.body(), chat=chat, plan=who.plan)
+
+        return await self.serve(request, PATHS[chat], prepare)
+
+    async def serve(
+        self,
+        request: Request,
+        endpoint: str,
+        prepare: Callable[[Principal], Awaitable[inbound.Inbound]],
+        respond: Callable[[Call, Response], Awaitable[Response]] | None = None,
+    ) -> Response:
+        """The pipeline for one completion: authenticate, ``prepare`` the chat or text
+        completion the caller asks for (raising :class:`ApiError` to refuse it), admit,
+        route, proxy, and pass the worker's answer through ``respond`` (the Responses API
+        translates it there). Whatever fails after admission, its lease is released and
+        its usage recorded."""
         started = time.perf_counter()
-        endpoint = PATHS[chat]
         peer = request.client.host if request.client else None
         ip = client_ip(peer, request.headers.get("x-forwarded-for"), self.config.trusted_proxies)
         try:
@@ -189,7 +206,7 @@ class Gateway:
             return exc.response()
         headers = rate_headers(who.plan, None)
         try:
-            req = inbound.parse(await request.body(), chat=chat, plan=who.plan)
+            req = await prepare(who)
             if req.model not in self.router.models():
                 raise ApiError(
                     404,
@@ -220,7 +237,8 @@ class Gateway:
                 )
             )
         try:
-            return await call.forward(request, headers)
+            response = await call.forward(request, headers)
+            return response if respond is None else await respond(call, response)
         except Exception:  # a bug after admission: its lease and usage row are not lost
             log.exception("request %s failed after admission", call.request_id)
             return call.finish_error(ApiError(500, INTERNAL_ERROR, headers=headers))
@@ -281,10 +299,14 @@ def build_app(config: GatewayConfig) -> Starlette:
     site = PageKit(
         config.accounts, lambda: gw.pool, Mailer(config.accounts.smtp), config.trusted_proxies
     )
+    responses = ResponsesApi(gw)
     routes = [
         Route("/v1/chat/completions", gw.chat_completions, methods=["POST"]),
         Route("/v1/completions", gw.completions, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
         Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/healthz", gw.healthz, methods=["GET"]),
         Route("/readyz", gw.readyz, methods=["GET"]),

@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol.openai_requests import ChatCompletionRequest, CompletionRequest
+from protocol.responses import ResponseCreateRequest
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _RATE_HEADERS = {
@@ -35,7 +36,11 @@ def _request_schemas() -> dict[str, Any]:
     are the models' validators: a body that breaks one is a 400 naming the field.
     """
     _, top = models_json_schema(
-        [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+        [
+            (ChatCompletionRequest, "validation"),
+            (CompletionRequest, "validation"),
+            (ResponseCreateRequest, "validation"),
+        ],
         ref_template="#/components/schemas/{model}",
     )
     return top["$defs"]
@@ -46,13 +51,17 @@ def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ERROR}}}
 
 
-def _completion(summary: str, request: type[BaseModel]) -> dict[str, Any]:
+def _completion(
+    summary: str,
+    request: type[BaseModel],
+    not_found: str = "No healthy worker serves this model.",
+) -> dict[str, Any]:
     errors = {
         str(code): _error(text)
         for code, text in (
             (400, "Invalid request (OpenAI error shape)."),
             (401, "Malformed, unknown or revoked API key."),
-            (404, "No healthy worker serves this model."),
+            (404, not_found),
             (413, "Request body too large."),
             (429, "Rate limited; see Retry-After and x-should-retry."),
             (502, "The worker failed."),
@@ -79,6 +88,48 @@ def _completion(summary: str, request: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+def _stored_response() -> dict[str, Any]:
+    """``/v1/responses/{response_id}``: a stored response, read or deleted by its owner."""
+    parameter = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+    errors = {
+        "401": _error("A kvg_ key that is malformed, unknown or revoked"),
+        "404": _error("No such response of the caller's (another team's reads as missing)"),
+        "503": _error("Stored responses cannot be read right now"),
+    }
+    return {
+        "get": {
+            "summary": "A stored response",
+            "security": [{"bearer": []}, {}],
+            "parameters": [
+                parameter,
+                {"name": "stream", "in": "query", "required": False, "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "200": {"description": "The response object", "content": {"application/json": {}}},
+                "400": _error("stream=true: replaying events is not supported"),
+                **errors,
+            },
+        },
+        "delete": {
+            "summary": "Delete a stored response",
+            "security": [{"bearer": []}, {}],
+            "parameters": [parameter],
+            "responses": {
+                "200": {
+                    "description": "{id, object: response, deleted: true}",
+                    "content": {"application/json": {}},
+                },
+                **errors,
+            },
+        },
+    }
+
+
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 description of the gateway."""
     plain = {"get": {"responses": {"200": {"description": "OK"}}}}
@@ -88,6 +139,14 @@ def document() -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _completion("Chat completion", ChatCompletionRequest),
             "/v1/completions": _completion("Text completion", CompletionRequest),
+            "/v1/responses": _completion(
+                "Create a response (OpenAI's Responses API, text only; stored for "
+                "previous_response_id unless store is false)",
+                ResponseCreateRequest,
+                "No healthy worker serves this model, or previous_response_id names no "
+                "stored response of the caller's.",
+            ),
+            "/v1/responses/{response_id}": _stored_response(),
             "/v1/models": {
                 "get": {
                     "summary": "Models served by healthy workers",
