@@ -27,14 +27,16 @@ class StepLogprobs:
     """The log-probabilities of one step's rows that asked for them (see :meth:`of`)."""
 
     def __init__(self, rows: Sequence[int], logprobs: torch.Tensor, ks: Sequence[int]) -> None:
-        #: step row -> row of ``logprobs``
-        self._index = {row: j for j, row in enumerate(rows)}
+        #: the step rows that asked, in the order of the rows of ``logprobs``
+        self._rows = list(rows)
         self._logprobs = logprobs
-        self._ks = list(ks)
-        k = min(max(self._ks), logprobs.shape[-1])
+        k = min(max(ks), logprobs.shape[-1])
         values, ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0])
-        self._top_values: list[list[float]] = values.tolist()
-        self._top_ids: list[list[int]] = ids.long().tolist()
+        #: per row that asked, its ``k`` most likely ``(token id, logprob)``
+        self._tops = [
+            tuple(zip(row_ids[:k_row], row_values[:k_row], strict=True))
+            for row_ids, row_values, k_row in zip(ids.tolist(), values.tolist(), ks, strict=True)
+        ]
 
     @classmethod
     def of(cls, logits: torch.Tensor, params: Sequence[SamplingParams]) -> StepLogprobs | None:
@@ -49,12 +51,14 @@ class StepLogprobs:
         logprobs = logits[rows].float().log_softmax(dim=-1)
         return cls(rows, logprobs, [params[i].logprobs or 0 for i in rows])
 
-    def at(self, row: int, token: int) -> TokenLogprobs | None:
-        """Row ``row``'s log-probabilities, ``token`` being what it generated; None when the
-        row did not ask."""
-        j = self._index.get(row)
-        if j is None:
-            return None
-        k = self._ks[j]
-        top = tuple(zip(self._top_ids[j][:k], self._top_values[j][:k], strict=True))
-        return TokenLogprobs(float(self._logprobs[j, token]), top)
+    def entries(self, picks: Sequence[int | None]) -> list[TokenLogprobs | None]:
+        """Per row of the step, its log-probabilities given the token it drew (``picks``,
+        as :func:`sampling.sample` returns them); None for a row that did not ask or drew
+        nothing. One gather for every row, one copy off the device."""
+        chosen = torch.tensor([picks[row] or 0 for row in self._rows], device=self._logprobs.device)
+        values: list[float] = self._logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        out: list[TokenLogprobs | None] = [None] * len(picks)
+        for j, row in enumerate(self._rows):
+            if picks[row] is not None:
+                out[row] = TokenLogprobs(values[j], self._tops[j])
+        return out

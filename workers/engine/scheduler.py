@@ -347,11 +347,12 @@ class Scheduler:
         picks = sample(logits, samplers, [reqs[i].generated for i in wanting])
         for req, chunk in zip(reqs, chunks, strict=True):
             req.computed += len(chunk.token_ids)
-        for row, (i, token) in enumerate(zip(wanting, picks, strict=True)):
+        entries = logprobs.entries(picks) if logprobs else [None] * len(picks)
+        for i, token, entry in zip(wanting, picks, entries, strict=True):
             if token is None:
                 self._drop_unsampleable(reqs[i])
             else:
-                self._accept(reqs[i], token, logprobs and logprobs.at(row, token))
+                self._accept(reqs[i], token, entry)
         self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.stats.evicted_pages = self.cache.evicted_pages
         return True
