@@ -56,8 +56,10 @@ def expected(role: str, method: str, path: str) -> set[int | str]:
         if role == "member" and ("/billing/" in path or "/members/" in path or "/revoke" in path):
             return {403}  # owners only
         return {200, 201, 303, 400, 503}  # 503: billing without Stripe configured
-    if path in ("/v1/chat/completions", "/v1/completions"):
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
         return {400}  # an empty body, whoever asks
+    if path == "/v1/responses/{response_id}":
+        return {404}  # no stored response of the caller's has that id
     if path == "/v1/models/{model:path}":
         return {404}  # no worker serves a model of that name
     if path == WEBHOOK_PATH:
