@@ -6,7 +6,9 @@ before temperature and cuts). Each token is named by its text and, for chat, its
 UTF-8 bytes: a token holding part of a character has U+FFFD in its text, and the bytes of
 consecutive tokens join into the character. Special tokens (an end-of-turn marker), which
 the completion's text leaves out, are left out here too, so that the tokens join into the
-text; they still appear among the alternatives, where they were likely.
+text; they still appear among the alternatives, where they were likely. A stop string cuts
+the text but not the tokens: the one that completed it is reported, as generated (and
+counted in ``completion_tokens``).
 """
 
 from __future__ import annotations
