@@ -20,6 +20,7 @@ from typing import NamedTuple
 import asyncpg
 
 from gateway.db import UNAVAILABLE
+from protocol.tiers import TIERS
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,30 @@ class UsageRow(NamedTuple):
     ttft_ms: float | None
     latency_ms: float
     status: int
+    #: cached prompt tokens by the tier they came back from (:data:`TIER_COLUMNS`)
+    cached_device_tokens: int = 0
+    cached_host_tokens: int = 0
+    cached_nas_tokens: int = 0
+    cached_object_tokens: int = 0
 
 
+#: tier -> the column of ``usage`` and ``usage_daily`` counting cached tokens from it
+#: (migrations/0011_usage_tiers.sql); ``UsageRow`` has a field of each name
+TIER_COLUMNS: dict[str, str] = {tier: f"cached_{tier}_tokens" for tier in TIERS}
+
+
+def tier_counts(by_tier: dict[str, int]) -> dict[str, int]:
+    """A worker's ``cached_tokens_by_tier`` as :class:`UsageRow` fields (unknown tiers left
+    out)."""
+    return {TIER_COLUMNS[t]: n for t, n in by_tier.items() if t in TIER_COLUMNS}
+
+
+_TIERS = ", ".join(TIER_COLUMNS.values())
 _COLUMNS = list(UsageRow._fields)
 _TYPES = [
     "text", "timestamptz", "bigint", "bigint", "inet", "text", "text", "text",
     "integer", "integer", "integer", "integer", "real", "real", "smallint",
+    "integer", "integer", "integer", "integer",
 ]  # fmt: skip
 _UNNEST = ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(_TYPES))
 _INSERT = f"""
@@ -60,15 +79,17 @@ WITH ins AS (
     RETURNING *
 ), daily AS (
     INSERT INTO usage_daily (day, team_id, model, requests, prompt_tokens, cached_tokens,
-                             completion_tokens)
+                             completion_tokens, {_TIERS})
     SELECT (ts AT TIME ZONE 'UTC')::date, team_id, model, count(*), sum(prompt_tokens),
-           sum(cached_tokens), sum(completion_tokens)
+           sum(cached_tokens), sum(completion_tokens),
+           {", ".join(f"sum({c})" for c in TIER_COLUMNS.values())}
     FROM ins GROUP BY 1, 2, 3
     ON CONFLICT (day, (coalesce(team_id, 0)), model) DO UPDATE SET
         requests = usage_daily.requests + excluded.requests,
         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens,
         cached_tokens = usage_daily.cached_tokens + excluded.cached_tokens,
-        completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens
+        completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens,
+        {", ".join(f"{c} = usage_daily.{c} + excluded.{c}" for c in TIER_COLUMNS.values())}
 ), settle AS (
     -- Against the day the request was admitted on (the row's time is its end), including
     -- requests admitted locally while Postgres was down: they reserved nothing here

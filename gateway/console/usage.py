@@ -1,4 +1,9 @@
-"""Console usage page (charts and tables) and its CSV download."""
+"""Console usage page (charts and tables) and its CSV download.
+
+Besides tokens and requests per day, the page shows the cached input per day by the tier it
+came back from, and what caching saved: cached input billed at the cached price instead of
+the input price (``BillingConfig.token_prices``, the figures of the metered Stripe prices).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from gateway.pages.charts import Series, stacked_bars
 from gateway.pages.kit import PageKit
 
 _PERIODS = (7, 30, 90)
+#: how the page names each tier (protocol/tiers.py)
+TIER_LABELS = {"device": "GPU", "host": "host RAM", "nas": "NAS", "object": "object store"}
 
 
 class TeamUsageViews:
@@ -47,6 +54,18 @@ class TeamUsageViews:
                 Series("output", "s-output", [d.output for d in daily]),
             ],
         )
+        unrecorded = [d.tier_unrecorded for d in daily]
+        tiers_chart = stacked_bars(
+            "Cached input tokens per day, by tier",
+            days,
+            [
+                *(
+                    Series(label, f"s-{tier}", [d.cached_by_tier[tier] for d in daily])
+                    for tier, label in TIER_LABELS.items()
+                ),
+                *([Series("tier not recorded", "s-cached", unrecorded)] if any(unrecorded) else []),
+            ],
+        )
         requests_chart = stacked_bars(
             "Requests per day",
             days,
@@ -64,7 +83,14 @@ class TeamUsageViews:
             by_key=by_key,
             recent=recent,
             tokens_chart=tokens_chart,
+            tiers_chart=tiers_chart,
             requests_chart=requests_chart,
+            tier_labels=TIER_LABELS,
+            any_unrecorded=any(unrecorded),
+            prices=site.config.billing.token_prices,
+            saved=site.config.billing.token_prices.cached_saving(
+                sum(d.cached_input for d in daily)
+            ),
         )
 
     async def csv(self, request: Request) -> Response:

@@ -134,7 +134,7 @@ async def test_usage_page_and_csv_show_requests_tokens_and_cached_split(
         page = await client.get(f"/console/teams/{account.team_id}/usage?days=7")
         assert page.status_code == 200
         html = page.text
-        assert html.count("<svg") == 2 and "Tokens per day" in html
+        assert html.count("<svg") == 3 and "Tokens per day" in html
         today = now.date().isoformat()
         # today: 2 requests, 110 uncached input, 40 cached, 10 output
         assert f"<td>{today}</td><td>2</td><td>110</td><td>40</td><td>10</td>" in html
@@ -142,9 +142,9 @@ async def test_usage_page_and_csv_show_requests_tokens_and_cached_split(
         csv = await client.get(f"/console/teams/{account.team_id}/usage.csv?days=7")
         assert csv.headers["content-type"].startswith("text/csv")
         lines = csv.text.strip().splitlines()
-        assert lines[0] == (
-            "day,model,requests,uncached_input_tokens,cached_input_tokens,output_tokens"
-        )
-        assert f"{today},tiny,2,110,40,10" in lines
+        assert lines[0].startswith(
+            "day,model,requests,uncached_input_tokens,cached_input_tokens,output_tokens,"
+        )  # then the tiers, tests/gateway/console/test_usage_tiers.py
+        assert f"{today},tiny,2,110,40,10,0,0,0,0" in lines
         yesterday = (now - timedelta(days=1)).date().isoformat()
-        assert f"{yesterday},tiny,1,0,10,1" in lines
+        assert f"{yesterday},tiny,1,0,10,1,0,0,0,0" in lines
