@@ -15,6 +15,9 @@ class SiteConfig:
     #: Contact-form submissions accepted from one client address per window.
     contact_limit: int = 5
     contact_window_s: float = 3600.0
+    #: Playground moves to cold storage accepted from one caller (address or team) per window.
+    cold_storage_limit: int = 10
+    cold_storage_window_s: float = 600.0
     #: A lead still "new" after this long is flagged as uncontacted in the pipeline.
     uncontacted_after_s: float = 2 * 24 * 3600.0
     #: Where `kvgate bench` writes its figures (JSON and Markdown); the landing page shows

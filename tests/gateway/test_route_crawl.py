@@ -64,6 +64,10 @@ def expected(role: str, method: str, path: str) -> set[int | str]:
         return {404}  # no worker serves a model of that name
     if path == WEBHOOK_PATH:
         return {400}  # no Stripe signature
+    if path == "/playground/prefill":
+        return {400}  # no ?model= given
+    if path == "/playground/cold-storage":
+        return {415}  # a form post: the body must be JSON
     if path in ("/signup", "/login", "/password/forgot", "/password/reset", "/contact"):
         return {200, 303, 400, 401, 429}  # form posts with missing fields
     if path == "/logout":
