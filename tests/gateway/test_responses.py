@@ -192,6 +192,26 @@ def test_a_follow_up_sends_the_whole_conversation_upstream(rig: Rig) -> None:
     assert "no longer stored" in broken.value.body["message"]
 
 
+def test_text_format_and_the_routing_hint_reach_the_chat_completion(rig: Rig) -> None:
+    marker = unique("json")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    response = _client(rig, rig.key).responses.create(
+        model=rig.model,
+        input=marker,
+        max_output_tokens=1,
+        top_p=0.5,
+        prompt_cache_key="conversation-7",
+        text={"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}},
+    )
+    assert response.text.format.type == "json_schema" and response.top_p == 0.5
+    sent = _sent(rig, marker)
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "thing", "schema": schema, "strict": True},
+    }
+    assert sent["user"] == "conversation-7" and sent["top_p"] == 0.5
+
+
 def test_store_false_is_answered_but_not_kept(rig: Rig) -> None:
     client = _client(rig, rig.key)
     response = client.responses.create(
