@@ -1,6 +1,7 @@
 """The playground's calls through a real gateway to a real tiered worker: a visitor's move
 to cold storage sends its own conversation to the NAS (its next turn comes back from
-there) and leaves another visitor's on the device; a body naming a namespace, or anything
+there) and leaves another visitor's on the device; a team key moves its team's, not its
+address's; a body naming a namespace, or anything
 else malformed, is a 400; the per-caller limit answers 429; the prefill rate the worker
 measured is reported per model."""
 
@@ -14,6 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.support.gateway import team_key
 from tests.support.playground import playground_stack
 from tests.support.site import fresh_ip
 from tests.support.worker import MODEL
@@ -34,15 +36,17 @@ async def gateway(
         yield client
 
 
-async def _turn(client: httpx.AsyncClient, ip: str) -> dict[str, int]:
+async def _turn(client: httpx.AsyncClient, ip: str, **headers: str) -> dict[str, int]:
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "temperature": 0}
-    reply = await client.post("/v1/chat/completions", json=body, headers={"x-forwarded-for": ip})
+    headers["x-forwarded-for"] = ip
+    reply = await client.post("/v1/chat/completions", json=body, headers=headers)
     assert reply.status_code == 200, reply.text
     return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
 
 
-async def _move(client: httpx.AsyncClient, ip: str, body: Any) -> httpx.Response:
-    return await client.post("/playground/cold-storage", json=body, headers={"x-forwarded-for": ip})
+async def _move(client: httpx.AsyncClient, ip: str, body: Any, **headers: str) -> httpx.Response:
+    headers["x-forwarded-for"] = ip
+    return await client.post("/playground/cold-storage", json=body, headers=headers)
 
 
 async def test_a_visitor_moves_only_its_own_conversation_to_the_nas(
@@ -67,6 +71,24 @@ async def test_a_visitor_moves_only_its_own_conversation_to_the_nas(
     nothing = await _move(gateway, fresh_ip(), {"tier": "nas"})
     assert nothing.status_code == 200
     assert nothing.json()["pages"] == 0
+
+
+async def test_a_team_key_moves_its_teams_conversation_not_its_addresss(
+    gateway: httpx.AsyncClient, pg_pool: asyncpg.Pool
+) -> None:
+    _, secret = await team_key(pg_pool)
+    ip = fresh_ip()
+    await _turn(gateway, ip, authorization=f"Bearer {secret}")
+    await _turn(gateway, ip)  # the same address without the key: the free tier's namespace
+
+    moved = await _move(gateway, ip, {"tier": "nas"}, authorization=f"Bearer {secret}")
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["device_pages"] > 0
+
+    assert (await _turn(gateway, ip, authorization=f"Bearer {secret}"))["nas"] > 0
+    assert (await _turn(gateway, ip))["device"] > 0
+    refused = await _move(gateway, ip, {"tier": "nas"}, authorization="Bearer kvg_not-a-key")
+    assert refused.status_code == 401
 
 
 @pytest.mark.parametrize(
