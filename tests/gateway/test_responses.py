@@ -212,6 +212,32 @@ def test_text_format_and_the_routing_hint_reach_the_chat_completion(rig: Rig) ->
     assert sent["user"] == "conversation-7" and sent["top_p"] == 0.5
 
 
+async def test_expired_responses_are_gone_and_swept_by_later_inserts(
+    rig: Rig, pg_pool: asyncpg.Pool
+) -> None:
+    client = _client(rig, rig.key)
+    old = client.responses.create(model=rig.model, input="old", max_output_tokens=1)
+    kept_for = await pg_pool.fetchval(
+        "SELECT expires_at - created_at FROM responses WHERE id = $1", old.id
+    )
+    assert kept_for.days == 30  # a team's retention
+    await pg_pool.execute(
+        "UPDATE responses SET expires_at = now() - interval '1 second' WHERE id = $1", old.id
+    )
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(old.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=rig.model, input="x", previous_response_id=old.id)
+    assert await pg_pool.fetchval("SELECT count(*) FROM responses WHERE id = $1", old.id) == 1
+    client.responses.create(model=rig.model, input="new", max_output_tokens=1)
+    assert await pg_pool.fetchval("SELECT count(*) FROM responses WHERE id = $1", old.id) == 0
+    free = _client(rig, "EMPTY").responses.create(model=rig.model, input="hi", max_output_tokens=1)
+    kept_for = await pg_pool.fetchval(
+        "SELECT expires_at - created_at FROM responses WHERE id = $1", free.id
+    )
+    assert kept_for.days == 1  # the free tier's
+
+
 def test_store_false_is_answered_but_not_kept(rig: Rig) -> None:
     client = _client(rig, rig.key)
     response = client.responses.create(
