@@ -2,7 +2,8 @@
 
 :class:`Call` picks a worker (retrying others while nothing has reached the client),
 answers whole or relays the stream, and when the answer is done releases the admission
-lease and records the usage row and metrics, whatever became of the request.
+lease and records the usage row and metrics, whatever became of the request. A successful
+answer's row is committed to Postgres before the answer's end is sent.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Call:
         self.worker = ""
         self.upstream_s = 0.0
         self._finished = False
+        self._recorded = False
 
     async def forward(self, request: Request, headers: dict[str, str]) -> Response:
         """Route, proxy (retrying other workers before the first byte) and respond.
@@ -121,7 +123,10 @@ class Call:
             if isinstance(answer, proxy.Stream):
                 return self._stream(worker, answer, headers)
             gw.router.release(worker.worker_id)
-            return self._plain(answer, headers)
+            response = self._plain(answer, headers)
+            if self.outcome.status == 200:
+                await self._commit_usage()
+            return response
         return self.finish_error(
             ApiError(
                 503,
@@ -158,6 +163,8 @@ class Call:
             try:
                 usage = proxy.UsageWanted(self.req.wants_usage, self.req.wants_continuous_usage)
                 async for piece in proxy.relay(first, chunks, usage, self.outcome):
+                    if self.outcome.complete and self.outcome.status == 200:
+                        await self._commit_usage()  # before the client sees [DONE]
                     yield piece
                 if self.outcome.status == 502:
                     self.gw.metrics.upstream_errors.labels(worker.worker_id, "midstream").inc()
@@ -190,6 +197,34 @@ class Call:
             background=BackgroundTask(self._finish),
         )
 
+    async def _commit_usage(self) -> None:
+        """Write the usage row of a successful answer before its end goes out, so that
+        a replica dying right after cannot lose it (``UsageRecorder.commit``)."""
+        if not self._recorded:
+            self._recorded = True
+            await self.gw.usage.commit(self._usage_row())
+
+    def _usage_row(self) -> UsageRow:
+        out, who = self.outcome, self.who
+        ttft = None if out.first_token_at is None else (out.first_token_at - self.started)
+        return UsageRow(
+            request_id=self.request_id,
+            ts=datetime.now(UTC),
+            team_id=who.team_id,
+            key_id=who.key_id,
+            client_ip=who.client_ip if who.anonymous else None,
+            subject=who.subject,
+            model=self.req.model,
+            worker=self.worker,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.completion_tokens,
+            reserved_tokens=self.req.cost if self.decision.reserved_daily else 0,
+            ttft_ms=None if ttft is None else ttft * 1000,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            status=out.status,
+        )
+
     async def _finish(self) -> None:
         """Release the admission lease and record usage and metrics, once per request."""
         if self._finished:
@@ -198,25 +233,9 @@ class Call:
         gw, out, who = self.gw, self.outcome, self.who
         now = time.perf_counter()
         ttft = None if out.first_token_at is None else (out.first_token_at - self.started)
-        gw.usage.record(
-            UsageRow(
-                request_id=self.request_id,
-                ts=datetime.now(UTC),
-                team_id=who.team_id,
-                key_id=who.key_id,
-                client_ip=who.client_ip if who.anonymous else None,
-                subject=who.subject,
-                model=self.req.model,
-                worker=self.worker,
-                prompt_tokens=out.prompt_tokens,
-                cached_tokens=out.cached_tokens,
-                completion_tokens=out.completion_tokens,
-                reserved_tokens=self.req.cost if self.decision.reserved_daily else 0,
-                ttft_ms=None if ttft is None else ttft * 1000,
-                latency_ms=(now - self.started) * 1000,
-                status=out.status,
-            )
-        )
+        if not self._recorded:
+            self._recorded = True
+            gw.usage.record(self._usage_row())
         endpoint = PATHS[self.req.chat]
         gw.metrics.requests.labels(endpoint, str(out.status), who.plan.name).inc()
         gw.metrics.latency.labels(endpoint).observe(now - self.started)

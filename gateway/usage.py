@@ -1,17 +1,25 @@
 """Usage metering: one row per request, buffered in memory, written in batches.
 
-Requests never wait on a usage write. Rows collect in memory and a flusher writes them
-every ``flush_s`` seconds in one statement per batch that also maintains the daily roll-up
-and settles the daily token quota to the actual tokens (on the day of admission, which
-reserved the request's most). Each row carries a unique request
-id and is inserted with ``ON CONFLICT DO NOTHING``; the roll-up and the settlement are
-computed from the rows actually inserted, so a batch retried after a lost reply is counted
-once. While Postgres is unavailable rows wait (up to ``buffer_max``) and are retried.
+Rows collect in memory and a flusher writes them in one statement per batch that also
+maintains the daily roll-up and settles the daily token quota to the actual tokens (on
+the day of admission, which reserved the request's most). Each row carries a unique
+request id and is inserted with ``ON CONFLICT DO NOTHING``; the roll-up and the
+settlement are computed from the rows actually inserted, so a batch retried after a lost
+reply is counted once. While Postgres is unavailable rows wait (up to ``buffer_max``) and
+are retried.
+
+A successful answer's row is *committed* before the answer's end reaches the client
+(:meth:`UsageRecorder.commit`): a replica killed right after a client saw ``[DONE]``
+would otherwise take the rows of its last ``flush_s`` with it (measured by ``kvgate bench
+faults``). Rows waiting to be committed wake the flusher at once, and every row queued
+meanwhile goes in the same batch (a group commit), so Postgres still sees one statement
+per batch. While Postgres is failing nobody waits: the row stays queued for the retries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from datetime import datetime
@@ -25,6 +33,8 @@ from protocol.tiers import TIERS
 log = logging.getLogger(__name__)
 
 _BATCH_MAX = 5000
+#: the longest an answer's end waits for its usage row to be committed
+COMMIT_WAIT_S = 2.0
 
 
 class UsageRow(NamedTuple):
@@ -116,6 +126,11 @@ class UsageRecorder:
         self._max = buffer_max
         self.dropped = 0
         self.written = 0
+        #: request id -> whoever waits for that row to be committed
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._wake = asyncio.Event()
+        #: the last flush failed (Postgres away): commits do not wait meanwhile
+        self._failing = False
 
     def record(self, row: UsageRow) -> None:
         """Queue ``row`` (never blocks; the oldest row is dropped when the buffer is full)."""
@@ -123,6 +138,24 @@ class UsageRecorder:
             self._buffer.popleft()
             self.dropped += 1
         self._buffer.append(row)
+
+    async def commit(self, row: UsageRow, wait_s: float = COMMIT_WAIT_S) -> bool:
+        """Queue ``row`` and wait until a batch holding it is written (at most ``wait_s``,
+        not at all while Postgres is failing); whether it was. Unwritten, the row stays
+        queued like any other."""
+        self.record(row)
+        if self._failing:
+            return False
+        written = asyncio.get_running_loop().create_future()
+        self._waiting[row.request_id] = written
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(written), wait_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiting.pop(row.request_id, None)
 
     @property
     def pending(self) -> int:
@@ -138,17 +171,26 @@ class UsageRecorder:
             try:
                 await self._pool.execute(_INSERT, *columns, timeout=30)
             except BaseException:
+                self._failing = True
                 self._buffer.extendleft(reversed(batch))
                 while len(self._buffer) > self._max:
                     self._buffer.popleft()
                     self.dropped += 1
                 raise
+            self._failing = False
             self.written += len(batch)
+            for row in batch:
+                waiter = self._waiting.get(row.request_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
 
     async def run(self) -> None:
-        """Flush every ``flush_s`` seconds forever (a periodic timer, not a wait)."""
+        """Flush every ``flush_s`` seconds, and at once when a row waits to be committed;
+        after a failure, not before ``flush_s`` has passed."""
         while True:
-            await asyncio.sleep(self._flush_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._flush_s)
+            self._wake.clear()
             try:
                 await self.flush()
             except UNAVAILABLE as exc:
@@ -156,6 +198,9 @@ class UsageRecorder:
             except Exception:
                 # Not an outage, but the rows are still kept: retrying beats losing them.
                 log.exception("usage flush failed (%d pending); retrying", self.pending)
+            else:
+                continue
+            await asyncio.sleep(self._flush_s)  # a failing Postgres is not hammered
 
     async def close(self, deadline_s: float) -> None:
         """Flush what is left, retrying until ``deadline_s`` seconds have passed."""
