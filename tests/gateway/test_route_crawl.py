@@ -118,7 +118,7 @@ async def test_every_route_answers_each_role_as_specified(
                         response = await client.get(target)
                     else:
                         data = {"csrf_token": token.group(1), **_FORM}
-                        response = await client.post(target, data=data)
+                        response = await client.request(method, target, data=data)
                     got: int | str = response.status_code
                     if got == 303 and response.headers["location"].startswith("/login?next="):
                         got = LOGIN
