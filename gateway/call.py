@@ -25,7 +25,7 @@ from gateway import inbound, proxy
 from gateway.admission import Decision
 from gateway.auth import Principal
 from gateway.errors import ApiError
-from gateway.usage import UsageRow
+from gateway.usage import UsageRow, tier_counts
 from protocol.disconnect import until_disconnect
 from protocol.fields import REQUEST_ID_HEADER, SESSION_HEADER
 from protocol.registry import WorkerInfo
@@ -223,6 +223,7 @@ class Call:
             ttft_ms=None if ttft is None else ttft * 1000,
             latency_ms=(time.perf_counter() - self.started) * 1000,
             status=out.status,
+            **tier_counts(out.cached_by_tier),
         )
 
     async def _finish(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -38,6 +40,25 @@ pytestmark = needs_chromium
 
 MODEL = "tiny-random"
 PASSWORD = "staff-password-1"
+#: per-million-token prices the gateway is configured with (the pricing page must show them)
+PRICES = {
+    "KVGATE_PRICE_INPUT": "0.8",
+    "KVGATE_PRICE_CACHED_INPUT": "0.08",
+    "KVGATE_PRICE_OUTPUT": "3.2",
+}
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+DESKTOP = {"width": 1280, "height": 800}
+#: what sticks out of the viewport: the page itself, or any table (or its scroll box)
+_OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  if (document.documentElement.scrollWidth > width) out.push('page');
+  for (const table of document.querySelectorAll('table')) {
+    const box = (table.closest('.scroll') || table).getBoundingClientRect();
+    if (box.left < 0 || box.right > width) out.push(table.id || table.className || 'table');
+  }
+  return out;
+}"""
 #: 40 pages of tiny-random KV (16 tokens each): a few prompts fill it, so finished
 #: conversations are evicted down the tiers (host RAM, then the NAS).
 KV_POOL_BYTES = tiny_pool_bytes(40)
@@ -71,6 +92,7 @@ def stack(
         KVGATE_SESSION_SECRET="browser-site-secret",
         KVGATE_GATEWAY_WORKER_TIMEOUT_S="5",
         KVGATE_GATEWAY_USAGE_FLUSH_S="0.2",
+        **PRICES,
     )
     gateway = [*KVGATE, "gateway", "--port", str(gw_port)]
     with (
@@ -268,7 +290,7 @@ async def test_a_signed_in_non_staff_user_gets_404_on_every_admin_page(
 
 
 async def test_workers_page_shows_the_worker_and_nas_bytes_after_a_conversation(
-    pg_dsn: str, stack: tuple[str, str, Path]
+    pg_dsn: str, pg_pool: asyncpg.Pool, stack: tuple[str, str, Path]
 ) -> None:
     url, worker_id, _ = stack
     staff = f"ops-{uuid.uuid4().hex[:8]}@kvgate.test"
@@ -293,6 +315,15 @@ async def test_workers_page_shows_the_worker_and_nas_bytes_after_a_conversation(
                 headers={"x-forwarded-for": f"10.99.{i}.7"},  # other free-tier clients
             )
             assert reply.status_code == 200, reply.text
+    # the gateway kept the worker's split of every answer's cached tokens by tier (the
+    # console's usage by tier); the conversation's later turns had some
+    split = await pg_pool.fetch(
+        "SELECT cached_tokens, cached_device_tokens + cached_host_tokens + cached_nas_tokens "
+        "+ cached_object_tokens FROM usage WHERE worker = $1",
+        worker_id,
+    )
+    assert split and all(cached == tiers for cached, tiers in split)
+    assert sum(cached for cached, _ in split) > 0
     async with _browser() as browser:
         page = await browser.new_page()
         await _log_in(page, url, staff, "/admin/workers")
@@ -311,3 +342,64 @@ async def test_workers_page_shows_the_worker_and_nas_bytes_after_a_conversation(
         worker_nas = page.locator("#tiers tr[data-tier=nas]")
         assert int(await worker_nas.get_attribute("data-written") or 0) > 0
         assert await page.locator("svg.chart").count() == 2
+
+
+def _proof_figures() -> tuple[dict[str, object], list[float]]:
+    """The multi-turn report the landing page leads with (of the full and the quick CPU runs,
+    the latest by its recorded date) and its restore TTFTs at the longest history, in the
+    ladder's order."""
+    runs = [
+        json.loads(path.read_text())
+        for path in (BENCHMARKS / "multiturn.json", BENCHMARKS / "multiturn_quick.json")
+        if path.exists()
+    ]
+    data = max(runs, key=lambda run: run.get("date", ""))
+    restore = data["restore"][max(data["restore"], key=int)]
+    places = ("resident", "host", "nas", "object", "recompute")
+    return data, [restore[p]["ttft"] for p in places if p in restore and not restore[p]["error"]]
+
+
+async def test_landing_benchmarks_and_pricing_at_desktop_and_phone_widths(
+    stack: tuple[str, str, Path],
+) -> None:
+    url, _, _ = stack
+    data, ttfts = _proof_figures()
+    async with _browser() as browser:
+        page = await browser.new_page()
+        for viewport in (DESKTOP, PHONE):
+            await page.set_viewport_size(viewport)
+            for path in ("/benchmarks", "/pricing", "/"):
+                await page.goto(url + path)
+                assert await page.evaluate(_OVERFLOW) == [], (path, viewport)
+            # the landing page's chart: drawn, inside the viewport, the report's figures
+            chart = page.locator("#proof svg.hbars").first
+            box = await chart.bounding_box()
+            assert box is not None and box["width"] > 200
+            assert box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"]
+            drawn = await chart.locator("rect").evaluate_all(
+                "bars => bars.map(b => Number(b.dataset.value))"
+            )
+            assert drawn == ttfts
+            provenance = await page.locator("#provenance").inner_text()
+            assert str(data["model"]) in provenance
+
+        # per-token prices as configured, and the estimator against a sum done by hand
+        await page.goto(url + "/pricing")
+        team = page.locator("#token-prices tr[data-plan=team] td")
+        assert await team.all_inner_texts() == ["$0.80", "$0.08", "$3.20"]
+        for name, value in {
+            "turns": "4",
+            "history": "500",
+            "message": "50",
+            "answer": "100",
+        }.items():
+            await page.fill(f"#estimate-form input[name={name}]", value)
+        await page.click("#estimate-form button[type=submit]")
+        # prompts 550 + 700 + 850 + 1000 = 3100 input tokens, of which 650 + 800 + 950 = 2400
+        # come from the cache on turns 2-4; 400 output tokens. With the cache:
+        # 700 x $0.80 + 2400 x $0.08 + 400 x $3.20 per million = $0.002032 a conversation
+        await expect(page.locator("#cached-tokens")).to_have_text("2,400")
+        await expect(page.locator("#cost-with")).to_have_text("$0.0020")
+        await expect(page.locator("#cost-1000")).to_have_text("$2.03")
+        # without: 3100 x $0.80 + 400 x $3.20 per million = $0.00376
+        await expect(page.locator("#cost-without")).to_have_text("$0.0038")
