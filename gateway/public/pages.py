@@ -65,7 +65,13 @@ class PublicPages:
                 )
         gpu = proof.load(self.config.benchmarks_dir, proof.GPU_STEM)
         return self.site.render(
-            request, "site/landing.html", run=run, gpu=gpu, labels=proof.LABELS, **charts
+            request,
+            "site/landing.html",
+            run=run,
+            gpu=gpu,
+            labels=proof.LABELS,
+            names=proof.NAMES,
+            **charts,
         )
 
     async def benchmarks(self, request: Request) -> Response:

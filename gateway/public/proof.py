@@ -5,17 +5,16 @@ The benchmark's restore probe (``restore`` in its JSON) asks for one conversatio
 given history length once more after its KV was left resident on the GPU, pushed to host
 RAM, to the NAS, to the object store, or dropped (recomputed); its time to first token is
 the figure a user feels. The landing page shows the longest history measured. When the run
-also measured requests/s against a worker with infinite memory (``efficiency_rps_<tier>``),
-those shares are shown too. The full run (``multiturn.json``) is preferred over the quick
-one, as ``docs/benchmarks.md`` does; the GPU run (``multiturn_cuda.json``) is read apart,
-because on it recompute won, and the page says why.
+also measured requests/s against a worker with infinite memory (``efficiency_rps_<tier>``,
+in its ``figures`` or top level), those shares are shown too. Of the CPU runs (``multiturn.json``, the full one, and
+``multiturn_quick.json``) the latest by its recorded ``date`` leads; the GPU run
+(``multiturn_cuda.json``) is read apart, because on it recompute won, and the page says why.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,9 @@ LABELS = {
     "object": "from the object store",
     "recompute": "recomputed, no cache",
 }
-#: the CPU runs, the first found wins
+#: the lower tiers by name
+NAMES = {"host": "host RAM", "nas": "NAS", "object": "object store"}
+#: the CPU runs, the latest recorded leads
 STEMS = ("multiturn", "multiturn_quick")
 GPU_STEM = "multiturn_cuda"
 _EFFICIENCY = "efficiency_rps_"
@@ -42,7 +43,7 @@ class Run:
     name: str
     machine: str
     model: str
-    #: the day it was measured (the JSON's ``date``, else the file's modification day)
+    #: when it was measured (the JSON's ``date``, ISO 8601; empty when not recorded)
     date: str
     #: history length of the returning conversation, tokens
     history: int
@@ -50,10 +51,16 @@ class Run:
     ttft: dict[str, float]
     #: tier -> requests/s as a share of the same workload with infinite memory
     efficiency: dict[str, float]
-    #: prefill tokens/s, NAS restore bytes/s and the restore rate that would beat prefill
+    #: prefill tokens/s, the fastest lower tier's restore bytes/s and the restore rate that
+    #: would beat prefill, at :attr:`history`
     prefill_tps: float | None = None
-    nas_bytes_per_s: float | None = None
+    restore_bytes_per_s: float | None = None
     break_even_bytes_per_s: float | None = None
+
+    @property
+    def day(self) -> str:
+        """The day it was measured (``YYYY-MM-DD``), or empty."""
+        return self.date[:10]
 
     @property
     def fastest_tier(self) -> str | None:
@@ -73,10 +80,11 @@ class Run:
 
 
 def _machine(m: dict[str, Any]) -> str:
-    cores = f"{m['cpus']} CPU cores" if m.get("cpus") else "CPU"
+    """``NVIDIA H200 GPU (16 CPU cores)``, ``AMD EPYC CPU (2 cores)``."""
     if m.get("gpu"):
-        return f"{m['gpu']} GPU, {cores}"
-    return f"{m.get('cpu') or m.get('processor') or 'unknown CPU'}, {cores}"
+        return f"{m['gpu']} GPU" + (f" ({m['cpus']} CPU cores)" if m.get("cpus") else "")
+    cpu = m.get("cpu") or m.get("processor") or "unknown"
+    return f"{cpu} CPU" + (f" ({m['cpus']} cores)" if m.get("cpus") else "")
 
 
 def _number(value: Any) -> float | None:
@@ -88,7 +96,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def from_json(name: str, data: dict[str, Any], modified: datetime) -> Run | None:
+def from_json(name: str, data: dict[str, Any]) -> Run | None:
     """The landing figures of one report; None when it has no restore figure to compare."""
     restore = data.get("restore")
     if not isinstance(restore, dict):
@@ -107,26 +115,32 @@ def from_json(name: str, data: dict[str, Any], modified: datetime) -> Run | None
     }
     if "recompute" not in ttft or len(ttft) < 2:
         return None
+    # the report's figures (``figures``), and its target figures, which it copies top level
+    found = {**data, **(data["figures"] if isinstance(data.get("figures"), dict) else {})}
     efficiency = {
         key.removeprefix(_EFFICIENCY): share
-        for key, value in data.items()
+        for key, value in found.items()
         if key.startswith(_EFFICIENCY) and (share := _number(value)) is not None
     }
     physics = data.get("physics") if isinstance(data.get("physics"), dict) else {}
     prefill = physics.get("prefill_tokens_per_s", {})
-    nas = physics.get("restore_bytes_per_s", {}).get("nas", {})
-    return Run(
+    rates = physics.get("restore_bytes_per_s", {})
+    run = Run(
         name=name,
         machine=_machine(data.get("machine") or {}),
         model=f"{data.get('model', 'unknown model')} ({data.get('engine', '')})".replace(" ()", ""),
-        date=str(data.get("date") or modified.date().isoformat())[:10],
+        date=str(data.get("date") or ""),
         history=int(history),
         ttft=ttft,
         efficiency=dict(sorted(efficiency.items(), key=lambda kv: _order(kv[0]))),
         prefill_tps=_number(prefill.get(history)),
-        nas_bytes_per_s=_number(nas.get(history)),
         break_even_bytes_per_s=_number(physics.get("break_even_bytes_per_s")),
     )
+    fastest = run.fastest_tier
+    if fastest is not None:
+        rate = _number(rates.get(fastest, {}).get(history))
+        run = replace(run, restore_bytes_per_s=rate)
+    return run
 
 
 def _order(tier: str) -> int:
@@ -144,10 +158,10 @@ def load(directory: Path | None, stem: str) -> Run | None:
         return None
     if not isinstance(data, dict):
         return None
-    modified = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-    return from_json(stem, data, modified)
+    return from_json(stem, data)
 
 
 def headline(directory: Path | None) -> Run | None:
-    """The CPU run the landing page leads with: the full one, else the quick one."""
-    return next((run for stem in STEMS if (run := load(directory, stem)) is not None), None)
+    """The CPU run the landing page leads with: the latest recorded (the full one on a tie)."""
+    runs = [run for stem in STEMS if (run := load(directory, stem)) is not None]
+    return max(runs, key=lambda run: run.date, default=None)

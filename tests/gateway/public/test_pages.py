@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -63,7 +62,7 @@ async def test_landing_leads_with_the_restore_figures_of_the_latest_run(
             },
             date="2026-12-02T06:48:37Z",
             efficiency_rps_nas={"value": 0.81, "target": ">= 0.8"},
-            efficiency_rps_host=0.9,
+            figures={"efficiency_rps_host": 0.9, "efficiency_rps_object": None},
         )
     )
     async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
@@ -78,8 +77,15 @@ async def test_landing_leads_with_the_restore_figures_of_the_latest_run(
     ]  # fmt: skip
     assert "7,000-token history" in html and "0.22 s from host RAM" in html
     assert "16.7 s</strong>" in html and ">90%<" in html
-    assert "AMD EPYC, 2 CPU cores" in html and "on 2026-12-02" in html
+    assert "AMD EPYC CPU (2 cores)" in html and "on 2026-12-02." in html
     assert 'id="gpu-note"' not in html and 'id="figures"' not in html
+    # a quick run recorded later leads instead
+    (tmp_path / "multiturn_quick.json").write_text(
+        _multiturn({"4000": {"nas": 0.87, "recompute": 40.9}}, date="2026-12-02T13:57:28Z")
+    )
+    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
+        later = (await client.get("/")).text
+    assert re.findall(r'data-value="([^"]+)"', later) == ["0.87", "40.9"]
     async with browser(site_app(pg_pool, benchmarks_dir=tmp_path / "none")) as client:
         empty = (await client.get("/")).text
     assert 'id="proof"' not in empty and "KV page" in empty
@@ -93,9 +99,10 @@ async def test_landing_explains_a_gpu_run_where_recompute_won(
         _multiturn(
             {"4000": {"resident": 0.065, "nas": 1.312, "recompute": 0.443}},
             machine={"gpu": "NVIDIA H200", "cpus": 16},
+            date="2026-11-29T23:12:33Z",
             physics={
                 "prefill_tokens_per_s": {"4000": 9342.4},
-                "restore_bytes_per_s": {"nas": {"4000": 433773461.8}},
+                "restore_bytes_per_s": {"nas": {"4000": 433773461.8}, "host": {"4000": 9e8}},
                 "break_even_bytes_per_s": 1224525665.1,
             },
         )
@@ -105,18 +112,18 @@ async def test_landing_explains_a_gpu_run_where_recompute_won(
     note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
     assert note is not None, html
     text = " ".join(note.group(1).split())
-    assert "NVIDIA H200 GPU, 16 CPU cores recompute won (0.443 s against 1.31 s" in text
-    assert "9,342 tokens/s" in text and "1.22 GB/s" in text and "0.43 GB/s" in text
+    assert text.startswith("On an NVIDIA H200 GPU (16 CPU cores) on 2026-11-29, recompute won")
+    assert "0.443 s against 1.31 s from the NAS" in text
+    assert "9,342 tokens/s" in text and "1.22 GB/s" in text and "NAS delivered 0.43 GB/s" in text
 
 
 def test_a_report_without_a_recompute_or_with_failed_probes_is_no_proof() -> None:
-    when = datetime(2026, 12, 3, tzinfo=UTC)
-    assert proof.from_json("x", {"restore": {}}, when) is None
-    assert proof.from_json("x", {"restore": {"4000": {"nas": {"ttft": 1}}}}, when) is None
+    assert proof.from_json("x", {"restore": {}}) is None
+    assert proof.from_json("x", {"restore": {"4000": {"nas": {"ttft": 1}}}}) is None
     failed = {"recompute": {"ttft": 9.0}, "nas": {"ttft": 0.1, "error": "timed out"}}
-    assert proof.from_json("x", {"restore": {"4000": failed}}, when) is None
-    run = proof.from_json("x", json.loads(_multiturn({"10": {"nas": 2, "recompute": 1}})), when)
-    assert run is not None and run.recompute_won and run.date == "2026-12-03"
+    assert proof.from_json("x", {"restore": {"4000": failed}}) is None
+    run = proof.from_json("x", json.loads(_multiturn({"10": {"nas": 2, "recompute": 1}})))
+    assert run is not None and run.recompute_won and run.day == ""
 
 
 async def test_benchmarks_page_shows_every_report_in_full(
