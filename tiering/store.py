@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from protocol.tiers import TierName
 from tiering.codec import Block
 from tiering.cost import CostModel
-from tiering.early_read import EarlyRead
+from tiering.early_read import EarlyFetch, EarlyRead
 from tiering.failures import FailureLog
 from tiering.landing import Landed, Landing
 from tiering.ledger import NAS, OBJECT, Ledger
@@ -46,8 +46,9 @@ class StoreConfig:
     ledger_timeout_s: float = 0.5
     #: how often coalesced last-access touches are written
     touch_flush_s: float = 1.0
-    #: at most this many prefetches in flight; more are dropped
-    max_prefetches: int = 8
+    #: bytes of pages that fetches started for queued requests may hold until those are
+    #: scheduled; beyond this the oldest is dropped (its request fetches when scheduled)
+    early_fetch_bytes: int = 1 << 30
     error_log_interval_s: float = 30.0
 
 
@@ -61,7 +62,7 @@ class Fetched:
 
 
 class TieredStore:
-    """Host RAM, NAS and object store behind lookup/fetch/offer/prefetch.
+    """Host RAM, NAS and object store behind lookup/fetch/fetch_early/offer.
 
     All methods run on one event loop (the adapter owns it). ``nas``, ``obj`` and
     ``ledger`` are optional: a worker without them keeps only the host tier.
@@ -112,7 +113,7 @@ class TieredStore:
             failures=self.failures,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._prefetches: set[asyncio.Task[Fetched]] = set()
+        self._early: dict[bytes, EarlyFetch] = {}
         self._closing = asyncio.Event()
         self._resources = resources
 
@@ -132,9 +133,11 @@ class TieredStore:
         if drain:
             await self.drain()
         self._closing.set()
-        for task in [*self._tasks, *self._prefetches]:
+        early = [e.task for e in self._early.values()]
+        self._early.clear()
+        for task in [*self._tasks, *early]:
             task.cancel()
-        for task in [*self._tasks, *self._prefetches]:
+        for task in [*self._tasks, *early]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
@@ -190,6 +193,7 @@ class TieredStore:
         *,
         page_bytes: int,
         into: Landing | None = None,
+        promote: bool = True,
     ) -> Fetched:
         """Read the longest available prefix of ``keys`` that is worth fetching.
 
@@ -202,7 +206,14 @@ class TieredStore:
         it, page ``i`` lands in ``into``'s page ``i`` (``into`` holds at least as many pages
         as ``keys``) and ``blocks`` stays empty: the pages are in the caller's memory, the
         level above this store, and reach host RAM again when that level evicts them.
+        ``promote=False`` leaves host RAM alone (a fetch whose pages are wanted once).
+        A landing fetch whose keys an :meth:`fetch_early` began takes that fetch's pages.
         """
+        if into is not None and keys and (started := self._early.pop(keys[0], None)):
+            tiers = await started.take(keys, into)
+            if tiers:
+                self.counters["early_fetch_used"] += 1
+                return self._fetched(keys, Fetched([], tiers))
         early = self._read_nas_early(keys, tokens_per_page, page_bytes, into)
         found = await self.lookup(namespace, keys)
         plan = self.cost.worth_fetching(found, tokens_per_page, page_bytes)
@@ -254,7 +265,10 @@ class TieredStore:
                 missing = await nas.absent(missing)
             if missing and not abandoned:  # an abandoned landing stops reading: no proof either
                 await self._repair(tier, missing)
-        out = self._assemble(namespace, plan, got, landed_early)
+        return self._fetched(keys, self._assemble(namespace, plan, got, landed_early, promote))
+
+    def _fetched(self, keys: Sequence[bytes], out: Fetched) -> Fetched:
+        """Count ``out``'s hits and the misses after it, note its pages' use."""
         for tier, n in Counter(out.tiers).items():
             self.counters[f"hit_{tier}"] += n
         self.counters["miss"] += len(keys) - len(out.tiers)
@@ -262,12 +276,44 @@ class TieredStore:
             self.ledger.touch(keys[: len(out.tiers)])
         return out
 
+    def fetch_early(
+        self, namespace: bytes, keys: Sequence[bytes], tokens_per_page: int, *, page_bytes: int
+    ) -> None:
+        """Start fetching ``keys``' prefix for a request that is queued, not yet scheduled:
+        the landing fetch it makes when scheduled, for keys starting at ``keys[0]``, takes
+        these pages (see :class:`~tiering.early_read.EarlyFetch`). Never blocks."""
+        if not keys or self._closing.is_set():
+            return
+        old = self._early.pop(keys[0], None)
+        if old is not None:
+            old.task.cancel()
+        held = len(keys) * page_bytes
+        while (
+            self._early and held + self._early_pages() * page_bytes > self.config.early_fetch_bytes
+        ):
+            dropped = self._early.pop(next(iter(self._early)))
+            dropped.task.cancel()
+            self.counters["early_fetch_dropped"] += 1
+
+        async def blocks() -> tuple[list[Block], list[str]]:
+            out = await self.fetch(
+                namespace, keys, tokens_per_page, page_bytes=page_bytes, promote=False
+            )
+            return out.blocks, out.tiers
+
+        self._early[keys[0]] = EarlyFetch(tuple(keys), asyncio.create_task(blocks()))
+        self.counters["early_fetch"] += 1
+
+    def _early_pages(self) -> int:
+        return sum(len(e.keys) for e in self._early.values())
+
     def _assemble(
         self,
         namespace: bytes,
         plan: list[str],
         got: list[Block | Landed | None],
         landed_early: set[int],
+        promote: bool = True,
     ) -> Fetched:
         """The prefix of the plan whose pages all arrived, promoting blocks into RAM."""
         out = Fetched([], [])
@@ -276,7 +322,7 @@ class TieredStore:
                 if answer.namespace != namespace:
                     break
                 out.blocks.append(answer)
-                if tier != TierName.HOST:  # promotion: the next turn finds it in RAM
+                if promote and tier != TierName.HOST:  # the next turn finds it in RAM
                     self.host.put_now(answer, owned=True)
             elif not answer and i in landed_early:
                 tier = TierName.NAS
@@ -350,20 +396,6 @@ class TieredStore:
             )
         except Exception as exc:
             self.failures.record("ledger", "repair", exc)
-
-    def prefetch(
-        self, namespace: bytes, keys: Sequence[bytes], tokens_per_page: int, *, page_bytes: int
-    ) -> bool:
-        """Start pulling ``keys``' prefix into host RAM in the background; False if too busy."""
-        if len(self._prefetches) >= self.config.max_prefetches:
-            self.counters["prefetch_dropped"] += 1
-            return False
-        task = asyncio.create_task(
-            self.fetch(namespace, keys, tokens_per_page, page_bytes=page_bytes)
-        )
-        self._prefetches.add(task)
-        task.add_done_callback(self._prefetches.discard)
-        return True
 
     # --- observability ------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:

@@ -151,18 +151,36 @@ async def test_cost_model_skips_tiers_slower_than_recompute(parts) -> None:
     await store.close()
 
 
-async def test_prefetch_pulls_pages_into_host_ram(parts) -> None:
-    nas, _obj, ledger = parts
+async def test_a_fetch_started_at_admission_lands_its_pages_when_the_request_is_scheduled(
+    parts,
+) -> None:
+    nas, obj, ledger = parts
     ns = namespace()
-    blocks = chain(ns, 5)
+    blocks = chain(ns, 6)
     keys = [b.key for b in blocks]
-    await nas.put_many(blocks)
-    await ledger.record(_entries(blocks), NAS)
+    await nas.put_many(blocks[:3])
+    await ledger.record(_entries(blocks[:3]), NAS)
+    await obj.put_many(blocks[3:])
+    await ledger.record(_entries(blocks[3:]), OBJECT)
     store = await _store(parts).start()
-    assert store.prefetch(ns.digest, keys, PAGE, page_bytes=512)
-    for task in list(store._prefetches):
-        await task
-    assert store.host.prefix_now(keys) == 5
+    store.fetch_early(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes)
+    await asyncio.gather(*(e.task for e in store._early.values()))
+    # the pages are read: gone from both tiers now, the scheduled fetch still lands them
+    await nas.delete_many(keys[:3])
+    await obj.delete_many(keys[3:])
+    views = [[memoryview(bytearray(b.nbytes))] for b in blocks]
+    landing = Landing(ns.digest, "float16", blocks[0].shape, views)
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=landing)
+    landing.close()
+    assert got.tiers == ["nas"] * 3 + ["object"] * 3  # the tier each page was read from
+    assert [bytes(v[0]) for v in views] == [bytes(b.payload) for b in blocks]
+    assert store.counters["early_fetch_used"] == 1
+    assert store.host.prefix_now(keys) == 0  # wanted once: host RAM was left alone
+    # it serves one fetch: the next reads the tiers again, and finds the pages gone
+    again = Landing(ns.digest, "float16", blocks[0].shape, views)
+    got = await store.fetch(ns.digest, keys, PAGE, page_bytes=blocks[0].nbytes, into=again)
+    again.close()
+    assert got.tiers == [] and store.counters["early_fetch_used"] == 1
     await store.close()
 
 

@@ -1,6 +1,6 @@
 """The seam between the engine's device KV (L1) and the lower tiers (host, NAS, object store).
 
-The engine calls an :class:`KVOffload` at two points and knows nothing else about tiers:
+The engine calls an :class:`KVOffload` at these points and knows nothing else about tiers:
 
 - it hands full pages over (token chain + KV) in one batch through
   :meth:`KVOffload.offer`: as soon as the radix cache takes them when the offload
@@ -11,6 +11,8 @@ The engine calls an :class:`KVOffload` at two points and knows nothing else abou
 - when a request is admitted, it reports the pages it found in L1
   (:meth:`KVOffload.touch`): under write-through the tiers hold them too, and their
   least-recently-used choices must see a conversation served from L1 as alive;
+- when a request must queue (others ahead, or no room yet), it names the pages L1 lacks
+  (:meth:`KVOffload.fetch_early`), so that reading them overlaps the wait;
 - after that device match, it hands
   :meth:`KVOffload.load_prefix` the fresh pool pages that follow (as a
   :class:`~workers.engine.kv_pool.RestoreTarget`); whatever consecutive run of them is
@@ -76,6 +78,14 @@ class KVOffload(Protocol):
         Called on the scheduler thread: never block."""
         ...
 
+    def fetch_early(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, end_page: int
+    ) -> None:
+        """Start reading pages ``start_page`` to ``end_page`` of ``token_ids`` for a request
+        that must queue; its :meth:`load_prefix` from ``start_page`` then takes them.
+        Called on the scheduler thread: never block."""
+        ...
+
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
     ) -> Restored:
@@ -107,6 +117,11 @@ class NoOffload:
         return None
 
     def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
+        return None
+
+    def fetch_early(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, end_page: int
+    ) -> None:
         return None
 
     def load_prefix(

@@ -104,7 +104,27 @@ class Scheduler:
         if request.sampling.max_tokens <= 0:
             self._emit(req, [], "length")
             return
+        if not self._admissible(req):
+            self._fetch_early(req)
         self.waiting.append(req)
+
+    def _admissible(self, req: _Request) -> bool:
+        """Whether ``req`` would be admitted at the next step (nobody ahead, room for it)."""
+        need = self._pages_for(len(req.tokens)) + len(self.running)
+        room = self.pool.free_pages + self.cache.evictable_pages
+        return not self.waiting and len(self.running) < self.max_batch and need <= room
+
+    def _fetch_early(self, req: _Request) -> None:
+        """Start fetching from the lower tiers what L1 lacks of ``req``'s prompt, so that
+        its wait in the queue hides the read (its admission then lands those pages)."""
+        reusable = (len(req.tokens) - 1) // self.page_size
+        held = len(self.cache.match(req.namespace, req.tokens, reusable).pages)
+        if reusable <= held:
+            return
+        try:
+            self.offload.fetch_early(req.namespace, req.tokens, held, reusable)
+        except Exception:
+            log.exception("starting an early fetch failed; admission fetches instead")
 
     def abort(self, rid: str) -> bool:
         """Drop ``rid`` wherever it is, freeing its pages without caching them."""

@@ -3,8 +3,10 @@
 The engine calls this object on its scheduler thread; the tiered store lives on an event
 loop of its own, on a thread of its own (its asyncpg pool and S3 client belong to that
 loop). Offered pages (with write-through, as soon as the engine caches them; otherwise when
-it evicts them) are keyed, copied to host bytes and handed over without waiting. An
-admission lookup blocks the scheduler for at most ``fetch_timeout_s``; after that the
+it evicts them) are keyed, copied to host bytes and handed over without waiting. A request
+that must queue has its pages fetched from then on (:meth:`TieredOffload.fetch_early`),
+and its admission lands them from memory. An admission lookup blocks the scheduler for at
+most ``fetch_timeout_s``; after that the
 fetch is abandoned and the engine simply recomputes. Nothing raised below the engine ever
 reaches it: a failure is a miss.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -156,6 +159,21 @@ class TieredOffload:
             self.store.failures.record("offload", "touch", exc)
             return
         self._loop.call_soon_threadsafe(self.store.touch, keys)
+
+    def fetch_early(
+        self, namespace: str, token_ids: Sequence[int], start_page: int, end_page: int
+    ) -> None:
+        """Key pages ``start_page`` to ``end_page`` and start fetching them (see
+        :meth:`~tiering.store.TieredStore.fetch_early`); never blocks."""
+        ps = self.layout.page_size
+        try:
+            digest = self.namespace(namespace).digest
+            keys = page_keys(digest, token_ids[: end_page * ps], ps)[start_page:]
+        except Exception as exc:  # a bug here must cost the head start, not the engine
+            self.store.failures.record("offload", "fetch_early", exc)
+            return
+        start = functools.partial(self.store.fetch_early, page_bytes=self._page_bytes)
+        self._loop.call_soon_threadsafe(start, digest, keys, ps)
 
     def load_prefix(
         self, namespace: str, token_ids: Sequence[int], start_page: int, target: RestoreTarget
