@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.structured import ResponseFormat, ToolCallItem, ToolRequest
+
 #: Upper bound on any token count a client may ask for; anything above is a typo or abuse.
 #: The real limit (the model's context) is checked by the server once the prompt is known.
 MAX_TOKENS_LIMIT = 1_000_000
@@ -76,6 +78,10 @@ class ChatMessage(BaseModel):
     role: Role
     content: str | None = None
     name: str | None = None
+    #: an assistant turn's calls
+    tool_calls: list[ToolCallItem] | None = None
+    #: a tool turn's answer is to this call
+    tool_call_id: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -138,6 +144,8 @@ class _SamplingRequest(BaseModel):
     ignore_eos: StrictBool = False
     extra_key: str | None = None
     cache_salt: str | None = None
+    #: JSON, or JSON following a schema (the built-in worker constrains decoding to it)
+    response_format: ResponseFormat | None = None
     #: kvgate's: ``max_tokens`` is a cap, and the answer may use what the context leaves
     #: below it (what OpenAI does when no max_tokens is given; the gateway sets it then,
     #: with the plan's cap)
@@ -194,7 +202,7 @@ class _SamplingRequest(BaseModel):
         return self.max_tokens
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_SamplingRequest, ToolRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -203,10 +211,6 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: StrictBool | None = None
     #: with ``logprobs``, the most likely alternatives at each position, this many
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    #: passed through to engines that serve them (SGLang); the built-in one refuses them
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @field_validator("top_logprobs")
     @classmethod

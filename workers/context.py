@@ -9,10 +9,12 @@ the engine's to judge (``workers.engine.sampling.check_sampling``): its refusals
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from tokenizers import Tokenizer as HFTokenizer
 
 from protocol.fields import REQUEST_ID_HEADER
 from protocol.openai_requests import RequestError
@@ -27,6 +29,8 @@ class TextTokenizer(Protocol):
     """The tokenizer surface the server needs."""
 
     vocab_size: int
+    #: the ``tokenizers`` pipeline (grammars for structured output are compiled over it)
+    backend: HFTokenizer
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (markup such as ``<|im_start|>`` parsed); ``add_special_tokens``
@@ -46,8 +50,16 @@ class TextTokenizer(Protocol):
         ...
 
 
-#: Renders chat messages (``{"role", "content"}`` dicts) into the prompt text, generation prompt included.
-ChatTemplate = Callable[[list[dict[str, Any]]], str]
+class ChatTemplate(Protocol):
+    """Renders chat messages (``{"role", "content", ...}`` dicts) into the prompt text,
+    generation prompt included; ``extra`` reaches the template as variables (``tools``)."""
+
+    #: the Jinja source (the format of the model's tool calls is read from it)
+    source: str
+    #: whether the template renders tool definitions
+    takes_tools: bool
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]], **extra: Any) -> str: ...
 
 
 @dataclass(frozen=True)

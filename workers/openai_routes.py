@@ -21,9 +21,12 @@ from protocol.openai_requests import (
 )
 from protocol.streaming import DONE, sse
 from workers.choices import Tagged, choices, collect_choices, combined_usage
+from workers.constraints import ReplyPlan, ReplyPlanner, template_messages
 from workers.context import WorkerContext, request_id
+from workers.engine.tool_parser import HermesFormat
 from workers.generation import TextDelta, Usage
 from workers.openai_logprobs import ChoiceLogprobs, TokenPieces
+from workers.openai_tools import StreamedToolCalls, whole_message
 from workers.streaming import sse_response, started
 
 #: OpenAI object names of the two kinds of completion.
@@ -32,14 +35,15 @@ _CHAT, _TEXT = "chat.completion", "text_completion"
 
 def openai_routes(ctx: WorkerContext) -> list[Route]:
     """The routes, bound to ``ctx``."""
+    planner = ReplyPlanner(ctx)
 
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionRequest, await request.body())
         ctx.check_model(body.model)
-        _refuse_what_the_engine_cannot_do(body)
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        plan = await planner.for_chat(body, ctx.chat_template)
+        messages = template_messages(body)
         try:
-            prompt = ctx.chat_template(messages)
+            prompt = ctx.chat_template(messages, **plan.template_vars)
         except ValueError as exc:
             # Templates refuse conversations they cannot render (e.g. role order).
             raise RequestError(
@@ -48,15 +52,16 @@ def openai_routes(ctx: WorkerContext) -> list[Route]:
         # The template already wrote any BOS the model wants; do not add a second one.
         ids = ctx.tokenizer.encode(prompt, add_special_tokens=False)
         return await _complete(
-            ctx, request, body, ids, body.requested_max_tokens(), _CHAT, "messages"
+            ctx, request, body, ids, body.requested_max_tokens(), _CHAT, "messages", plan
         )
 
     async def completions(request: Request) -> Response:
         body = parse_body(CompletionRequest, await request.body())
         ctx.check_model(body.model)
+        plan = await planner.for_completion(body)
         ids = ctx.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else body.prompt
         return await _complete(
-            ctx, request, body, ids, body.requested_max_tokens(), _TEXT, "prompt"
+            ctx, request, body, ids, body.requested_max_tokens(), _TEXT, "prompt", plan
         )
 
     async def models(request: Request) -> Response:
@@ -90,6 +95,7 @@ async def _complete(
     max_tokens: int | None,
     kind: str,
     param: str,
+    plan: ReplyPlan,
 ) -> Response:
     """Run one completion, streamed or not; ``kind`` is the OpenAI object name."""
     rid = request_id(request.headers)
@@ -110,6 +116,7 @@ async def _complete(
                 "stop_token_ids": tuple(body.stop_token_ids),
                 "ignore_eos": body.ignore_eos,
                 "logprobs": body.logprobs_k,
+                "grammar": plan.grammar,
             },
             cache_salt=body.salt,
             param=param,
@@ -121,6 +128,7 @@ async def _complete(
         f"{'chatcmpl' if kind == _CHAT else 'cmpl'}-{rid}",
         ctx.engine.model_id,
         None if body.logprobs_k is None else ctx.tokenizer,
+        plan.tool_calls,
     )
     headers = {REQUEST_ID_HEADER: rid}
 
@@ -142,13 +150,20 @@ class _Shape:
     """Renders generated text as OpenAI chat or text-completion objects."""
 
     def __init__(
-        self, kind: str, response_id: str, model: str, pieces: TokenPieces | None = None
+        self,
+        kind: str,
+        response_id: str,
+        model: str,
+        pieces: TokenPieces | None = None,
+        tool_calls: HermesFormat | None = None,
     ) -> None:
         self.kind = kind
         self.id = response_id
         self.model = model
         #: names tokens, when the request asked for log-probabilities
         self.pieces = pieces
+        #: the format tool calls are read in, when the reply may hold some
+        self.tool_calls = tool_calls
         self.created = int(time.time())
         #: the ``object`` of streamed chunks
         self.chunk_object = "chat.completion.chunk" if kind == _CHAT else _TEXT
@@ -166,17 +181,18 @@ class _Shape:
         """The non-streaming response: every choice, and the usage of all of them."""
         choices = []
         for index, final in enumerate(finals):
-            if self.kind == _CHAT:
-                choice: dict[str, Any] = {"message": {"role": "assistant", "content": final.text}}
+            reason = final.finish_reason
+            if self.tool_calls is not None:
+                message, reason = whole_message(self.tool_calls, final.text, reason)
+                choice: dict[str, Any] = {"message": message}
+            elif self.kind == _CHAT:
+                choice = {"message": {"role": "assistant", "content": final.text}}
             else:
                 choice = {"text": final.text}
             logprobs = (
                 self._logprobs().render(final.token_ids, final.logprobs) if self.pieces else None
             )
-            choices.append(
-                choice
-                | {"index": index, "logprobs": logprobs, "finish_reason": final.finish_reason}
-            )
+            choices.append(choice | {"index": index, "logprobs": logprobs, "finish_reason": reason})
         usage = combined_usage([f.usage for f in finals])
         return self._envelope(self.kind, choices) | {"usage": usage.openai()}
 
@@ -191,6 +207,7 @@ class _Shape:
         text: str | None,
         finish_reason: str | None,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk of choice ``index``; ``text`` None is a chat stream's opening
         role chunk."""
@@ -198,6 +215,8 @@ class _Shape:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
             if text:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"delta": delta}
         else:
             choice = {"text": text or ""}
@@ -216,6 +235,7 @@ class _Shape:
         latest: list[Usage] = [Usage()] * n
         finished = 0
         renderers = [self._logprobs() for _ in range(n)] if self.pieces else None
+        calls = [StreamedToolCalls(self.tool_calls) for _ in range(n)] if self.tool_calls else None
         if self.kind == _CHAT:
             for index in range(n):
                 yield sse(self.chunk(index, None, None) | usage_field)
@@ -224,37 +244,16 @@ class _Shape:
                 latest[index] = delta.usage
                 if renderers:
                     renderers[index].add(delta.token_ids, delta.logprobs)
-                if delta.text or delta.finish_reason:
+                text, reason, entries = delta.text, delta.finish_reason, None
+                if calls:
+                    text, entries, reason = calls[index].delta(text, reason)
+                if text or entries or reason:
                     so_far = {"usage": combined_usage(latest).openai()}
                     logprobs = renderers[index].take() if renderers else None
-                    chunk = self.chunk(index, delta.text, delta.finish_reason, logprobs)
+                    chunk = self.chunk(index, text, reason, logprobs, entries)
                     yield sse(chunk | (so_far if every_chunk else usage_field))
                 finished += delta.finish_reason is not None
                 if finished == n and include_usage:
                     usage = {"usage": combined_usage(latest).openai()}
                     yield sse(self._envelope(self.chunk_object, []) | usage)
         yield DONE
-
-
-def _refuse_what_the_engine_cannot_do(body: ChatCompletionRequest) -> None:
-    """A 400 naming the field, never a silent 200 that ignores it: tools, tool results and
-    structured outputs are not served by the built-in engine (SGLang workers serve them)."""
-    if body.tools:
-        raise RequestError(
-            "the built-in engine does not call tools (this model's chat template takes no "
-            "tool definitions); remove 'tools'",
-            param="tools",
-        )
-    if any(m.role == "tool" for m in body.messages):
-        raise RequestError(
-            "the built-in engine does not take tool results ('tool' messages): this model's "
-            "chat template has no place for them",
-            param="messages",
-        )
-    kind = (body.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise RequestError(
-            f"response_format {kind!r} (structured output) is not supported by the built-in "
-            "engine; remove it, or use a worker that supports it",
-            param="response_format",
-        )

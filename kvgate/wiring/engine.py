@@ -134,14 +134,10 @@ def _is_gguf(source: str | Path) -> bool:
 def chat_template_of(tokenizer: Tokenizer) -> ChatTemplate:
     """The chat template shipped with the tokenizer, as the server calls it."""
     source = tokenizer.chat_template
-    if source is None:
-
-        def missing(messages: list[dict[str, Any]]) -> str:
-            raise ValueError("this model has no chat template; use /v1/completions instead")
-
-        return missing
+    if source is None:  # one that refuses every conversation
+        source = "{{ raise_exception('this model has no chat template; use /v1/completions') }}"
     special = tokenizer.special
-    return Template(source, bos_token=special.bos, eos_token=special.eos).render
+    return Template(source, bos_token=special.bos, eos_token=special.eos)
 
 
 def kv_layout(config: ModelConfig, options: EngineOptions) -> KVLayout:

@@ -362,7 +362,6 @@ async def test_chat_for_an_unknown_model_is_404_model_not_found(
             "messages",
             "tool results",
         ),
-        ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
     ],
 )
 async def test_what_the_engine_cannot_do_is_a_400_that_says_so(

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -68,11 +69,21 @@ class ChatTemplate:
     def __init__(
         self, source: str, *, bos_token: str | None = None, eos_token: str | None = None
     ) -> None:
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.TemplateSyntaxError as exc:
             raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
         self._tokens = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+        #: the Jinja source (what the format of the model's tool calls is read from)
+        self.source = source
+        #: whether the template renders tool definitions (reads a ``tools`` variable)
+        self.takes_tools = "tools" in variables
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]], **extra: Any) -> str:
+        """:meth:`render` with the generation prompt: what the server calls."""
+        return self.render(messages, **extra)
 
     def render(
         self,

@@ -13,14 +13,15 @@ from tests.support.engine import run, run_together, tokens
 from tests.support.worker import tiny_engine
 from workers.engine.api import SamplingParams
 from workers.engine.engine import TorchEngine
-from workers.engine.grammar import GrammarError, Grammars
+from workers.engine.grammar import GrammarError, Grammars, GrammarState
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 
-#: every value bounded, so that even random weights reach the end of the object
+#: every value bounded, so that even random weights reach the end of the object (strings by
+#: a pattern: xgrammar 0.2 lets raw control characters into maxLength strings, not JSON)
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 12},
+        "name": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "member": {"type": "boolean"},
         "color": {"enum": ["red", "green", "blue"]},
@@ -110,3 +111,16 @@ def test_a_schema_that_cannot_compile_says_why(grammars: Grammars) -> None:
         grammars.json_schema({"type": "colour"})
     with pytest.raises(GrammarError, match="nope"):
         grammars.json_schema({"properties": {"a": {"$ref": "#/nope"}}})
+
+
+@pytest.mark.parametrize(
+    ("text", "taken"),
+    [('{"a": [1, {"b": null}], "c": "d"}', True), ("{}", True), ("[1, 2]", False), ('"x"', False)],
+)
+def test_json_object_takes_objects_and_nothing_else(
+    tokenizer: Tokenizer, grammars: Grammars, text: str, taken: bool
+) -> None:
+    state = GrammarState(grammars.json_schema(None))
+    assert all(state.accept(t) for t in tokenizer.encode(text)) == taken
+    if taken:  # complete: only the end of the sequence is left
+        assert state.accept(2) and state.terminated
