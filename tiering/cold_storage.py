@@ -10,7 +10,9 @@ too), so the next turn finds them on that tier and nowhere above it.
 Order, and why:
 
 1. the write-behind queue is drained first: a page queued for the NAS before this call
-   would otherwise land there after it and bring a NAS copy back above the object store;
+   would otherwise land there after it and bring a NAS copy back above the object store.
+   The wait is bounded (``DRAIN_WAIT_S``): under steady load the queue may never be empty,
+   and a late write costs only where the page is found (the same bytes, on the NAS);
 2. data first, then its ledger row (a missing row only leaves an orphan tierd collects);
 3. faster copies are deleted last: if a write fails, nothing has been dropped and the
    error reaches the caller (the pages stay where they were, the cache still works).
@@ -22,6 +24,8 @@ block), so the op is safe beside requests using the namespace.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +36,9 @@ from tiering.store import TieredStore
 
 #: the tiers a namespace may be sent down to
 COLD_TIERS: tuple[TierName, ...] = (TierName.NAS, TierName.OBJECT)
+
+#: longest wait for the write-behind queue to empty before the pages are moved
+DRAIN_WAIT_S = 5.0
 
 
 class ColdStorageUnavailable(Exception):
@@ -74,7 +81,8 @@ async def send_down(
     error when a write fails (then nothing was dropped).
     """
     name = check_tier(store, tier)
-    await store.drain()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(store.drain(), DRAIN_WAIT_S)
     blocks: dict[bytes, Block] = {b.key: b for b in device if b.namespace == namespace}
     in_host = [b.key for b in store.host.blocks_of(namespace)]
     for key in in_host:

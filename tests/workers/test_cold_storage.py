@@ -5,6 +5,7 @@ Bad bodies are 400s naming the field; a worker without lower tiers answers 409."
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,27 @@ async def test_a_namespace_sent_to_the_nas_then_the_object_store_comes_back_from
 
             info = (await c.get("/server_info")).json()
             assert info["prefill_tokens_per_s"] > 0
+
+
+async def test_moves_while_the_conversation_is_being_served_change_no_answer(
+    pg_dsn: str, nas_dir: Path, smollm2_gguf: Path
+) -> None:
+    salt = f"busy-{uuid.uuid4().hex}"
+    prompt = list(range(7000, 7090))
+    with tiered_tiny_engine(nas_dir, dsn=pg_dsn) as engine:
+        app = worker_app(engine, smollm2_gguf)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
+            # the same tokens computed cold, in a namespace nothing moves
+            expected = (await _complete(c, prompt, f"cold-{uuid.uuid4().hex}"))["choices"][0]
+            await _complete(c, prompt, salt)  # cached: the turns below pin these pages
+
+            served = asyncio.gather(*(_complete(c, prompt, salt) for _ in range(9)))
+            moves = []
+            while not served.done():  # move the conversation again and again while it is served
+                moves.append(await _send_down(c, salt, "nas"))
+            answers = await served
+    assert [a["choices"][0]["text"] for a in answers] == [expected["text"]] * 9
+    assert moves and all(m["pages"] >= m["device_pages"] for m in moves)
 
 
 @pytest.mark.parametrize(
