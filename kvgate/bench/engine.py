@@ -1,7 +1,8 @@
 """``kvgate bench engine``: the built-in engine's prefill and decode speed, against yardsticks.
 
 Measured in one run on this machine: our engine's prefill tokens/s at 128/512/2048-token
-prompts and decode tokens/s at batch 1/8/32; the matmul roofline in the engine's device and
+prompts and decode tokens/s at batch 1/8/32, and at batch 8 with every request held to a
+JSON schema (grammar-constrained decoding); the matmul roofline in the engine's device and
 dtype (fp32 on a CPU, bf16 on a GPU); Hugging Face ``transformers`` on the same weights,
 prompts, device and dtype. The figures and the verdict on each
 target are printed and written to ``docs/benchmarks/engine.md`` (and ``--json``).
@@ -35,6 +36,7 @@ from kvgate.wiring.engine import (
     worker_options,
 )
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
+from workers.engine.grammar import Grammar, Grammars
 
 T = TypeVar("T")
 
@@ -44,6 +46,18 @@ DECODE_BATCHES = (1, 8, 32)
 HF_DECODE_BATCHES = (1, 8)
 #: prompt length of every decode-benchmark request
 DECODE_PROMPT = 64
+#: batch at which decode is measured with a JSON schema on every request too, and the
+#: schema: records enough that no request completes it within the steps measured
+JSON_BATCH = 8
+JSON_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
+        "required": ["id", "name"],
+    },
+    "minItems": 64,
+}
 
 
 @dataclass
@@ -61,6 +75,8 @@ class Figures:
     decode_tps: dict[int, float] = field(default_factory=dict)
     hf_prefill_tps: dict[int, float] = field(default_factory=dict)
     hf_decode_tps: dict[int, float] = field(default_factory=dict)
+    #: decode tokens/s at ``JSON_BATCH`` with every request held to ``JSON_SCHEMA``
+    json_decode_tps: float = 0.0
     decode_steps: int = 0
     #: every roofline sample (GFLOP/s); ``matmul_gflops`` is the best
     matmul_samples: list[float] = field(default_factory=list)
@@ -100,6 +116,16 @@ class Figures:
                     f"{self.decode_tps[b]:.1f} / {self.hf_decode_tps[b]:.1f} tok/s = {ratio:.1f}x",
                 )
             )
+        if self.json_decode_tps:
+            free = self.decode_tps[JSON_BATCH]
+            cost = 1 - self.json_decode_tps / free
+            out.append(
+                (
+                    f"batch-{JSON_BATCH} decode with a JSON schema costs <= 10%",
+                    cost <= 0.10,
+                    f"{self.json_decode_tps:.1f} / {free:.1f} tok/s = {cost:.1%} slower",
+                )
+            )
         return out
 
 
@@ -131,8 +157,11 @@ async def engine_prefill_tps(engine: Engine, prompt: Sequence[int]) -> float:
     return len(prompt) / (time.perf_counter() - start)
 
 
-async def engine_decode_tps(engine: Engine, prompts: Sequence[Sequence[int]], steps: int) -> float:
-    """Generated tokens/s once every request of the batch is decoding (prefill excluded)."""
+async def engine_decode_tps(
+    engine: Engine, prompts: Sequence[Sequence[int]], steps: int, grammar: Grammar | None = None
+) -> float:
+    """Generated tokens/s once every request of the batch is decoding (prefill excluded),
+    every request held to ``grammar`` if one is given."""
     engine.flush_cache()
     started: list[float] = []
     after: list[tuple[float, int]] = []  # (time, tokens) received after the request's first
@@ -141,7 +170,9 @@ async def engine_decode_tps(engine: Engine, prompts: Sequence[Sequence[int]], st
         request = GenerateRequest(
             rid=f"bench-{uuid.uuid4().hex}",
             input_ids=tuple(prompt),
-            sampling=SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True),
+            sampling=SamplingParams(
+                max_tokens=steps + 1, temperature=0.0, ignore_eos=True, grammar=grammar
+            ),
         )
         async for event in engine.generate(request):
             now = time.perf_counter()
@@ -240,6 +271,19 @@ async def _measure(
             best = max([await engine_decode_tps(engine, batch, steps) for _ in range(reps)])
             figures.decode_tps[b] = best
             say(f"kvgate decode batch {b}: {best:.1f} tok/s")
+        # the JSON figure and the free one again, alternately: the same load on both
+        grammar = Grammars.for_tokenizer(
+            loaded.tokenizer.backend, vocab_size=vocab, stop_token_ids=engine.eos_token_ids
+        ).json_schema(JSON_SCHEMA)
+        batch = batches[JSON_BATCH]
+        for _ in range(max(reps, 2)):
+            free = await engine_decode_tps(engine, batch, steps)
+            figures.decode_tps[JSON_BATCH] = max(figures.decode_tps[JSON_BATCH], free)
+            held = await engine_decode_tps(engine, batch, steps, grammar)
+            figures.json_decode_tps = max(figures.json_decode_tps, held)
+        say(
+            f"kvgate decode batch {JSON_BATCH} with a JSON schema: {figures.json_decode_tps:.1f} tok/s"
+        )
     roofline()
 
     def transformers() -> None:
@@ -306,6 +350,8 @@ def render(figures: Figures) -> str:
     ]
     for b, tps in figures.decode_tps.items():
         lines.append(f"| {b} | {tps:,.1f} | {vs(tps, figures.hf_decode_tps.get(b))} |")
+    if figures.json_decode_tps:
+        lines.append(f"| {JSON_BATCH}, JSON schema | {figures.json_decode_tps:,.1f} | - | - |")
     lines += ["", "## Targets", ""]
     for target, met, detail in figures.targets():
         lines.append(f"- {'met' if met else '**missed**'}: {target} ({detail})")
