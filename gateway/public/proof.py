@@ -87,6 +87,11 @@ def _machine(m: dict[str, Any]) -> str:
     return f"{cpu} CPU" + (f" ({m['cpus']} cores)" if m.get("cpus") else "")
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when the report has a mapping there, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
 def _number(value: Any) -> float | None:
     """A figure as the report writes it: a number, or a target's ``{"value": ...}``."""
     if isinstance(value, dict):
@@ -98,9 +103,7 @@ def _number(value: Any) -> float | None:
 
 def from_json(name: str, data: dict[str, Any]) -> Run | None:
     """The landing figures of one report; None when it has no restore figure to compare."""
-    restore = data.get("restore")
-    if not isinstance(restore, dict):
-        return None
+    restore = _dict(data.get("restore"))
     lengths = [k for k, v in restore.items() if str(k).isdigit() and isinstance(v, dict)]
     if not lengths:
         return None
@@ -116,18 +119,18 @@ def from_json(name: str, data: dict[str, Any]) -> Run | None:
     if "recompute" not in ttft or len(ttft) < 2:
         return None
     # the report's figures (``figures``), and its target figures, which it copies top level
-    found = {**data, **(data["figures"] if isinstance(data.get("figures"), dict) else {})}
+    found = {**data, **_dict(data.get("figures"))}
     efficiency = {
         key.removeprefix(_EFFICIENCY): share
         for key, value in found.items()
         if key.startswith(_EFFICIENCY) and (share := _number(value)) is not None
     }
-    physics = data.get("physics") if isinstance(data.get("physics"), dict) else {}
-    prefill = physics.get("prefill_tokens_per_s", {})
-    rates = physics.get("restore_bytes_per_s", {})
+    physics = _dict(data.get("physics"))
+    prefill = _dict(physics.get("prefill_tokens_per_s"))
+    rates = _dict(physics.get("restore_bytes_per_s"))
     run = Run(
         name=name,
-        machine=_machine(data.get("machine") or {}),
+        machine=_machine(_dict(data.get("machine"))),
         model=f"{data.get('model', 'unknown model')} ({data.get('engine', '')})".replace(" ()", ""),
         date=str(data.get("date") or ""),
         history=int(history),
@@ -138,7 +141,7 @@ def from_json(name: str, data: dict[str, Any]) -> Run | None:
     )
     fastest = run.fastest_tier
     if fastest is not None:
-        rate = _number(rates.get(fastest, {}).get(history))
+        rate = _number(_dict(rates.get(fastest)).get(history))
         run = replace(run, restore_bytes_per_s=rate)
     return run
 

@@ -124,6 +124,10 @@ def test_a_report_without_a_recompute_or_with_failed_probes_is_no_proof() -> Non
     assert proof.from_json("x", {"restore": {"4000": failed}}) is None
     run = proof.from_json("x", json.loads(_multiturn({"10": {"nas": 2, "recompute": 1}})))
     assert run is not None and run.recompute_won and run.day == ""
+    odd = {"restore": {"10": {"nas": {"ttft": 2}, "recompute": {"ttft": 1}}}, "machine": "x"}
+    odd |= {"physics": [], "figures": "none", "model": "m"}
+    run = proof.from_json("x", odd)
+    assert run is not None and run.machine == "unknown CPU" and run.efficiency == {}
 
 
 async def test_benchmarks_page_shows_every_report_in_full(
