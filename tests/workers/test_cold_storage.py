@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,19 @@ from tests.support.tiering import object_config
 from tests.support.worker import GREEDY, MODEL, tiered_tiny_engine, worker_app
 
 PAGE = 16
+
+
+@pytest.fixture(scope="module")
+async def tiered(
+    pg_dsn: str, s3_server: S3Endpoint, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[httpx.AsyncClient, Path]]:
+    """A client of the worker app over a tiered tiny engine (NAS, ledger, object store),
+    and its NAS directory; each test uses namespaces of its own."""
+    nas = tmp_path_factory.mktemp("cold-storage-nas")
+    with tiered_tiny_engine(nas, dsn=pg_dsn, s3=object_config(s3_server)) as engine:
+        transport = httpx.ASGITransport(worker_app(engine, smollm2_gguf))
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            yield client, nas
 
 
 async def _complete(client: httpx.AsyncClient, prompt: list[int], salt: str) -> dict[str, Any]:
@@ -38,58 +52,54 @@ async def _send_down(client: httpx.AsyncClient, salt: str, tier: str) -> dict[st
 
 
 async def test_a_namespace_sent_to_the_nas_then_the_object_store_comes_back_from_each(
-    pg_dsn: str, nas_dir: Path, s3_server: S3Endpoint, smollm2_gguf: Path
+    tiered: tuple[httpx.AsyncClient, Path],
 ) -> None:
+    c, nas_dir = tiered
     mine, theirs = f"visitor-{uuid.uuid4().hex}", f"other-{uuid.uuid4().hex}"
     prompt = list(range(3000, 3100))  # 6 full pages; the 7th is recomputed for its logits
     other = list(range(5000, 5100))
     resident = 6 * PAGE
-    with tiered_tiny_engine(nas_dir, dsn=pg_dsn, s3=object_config(s3_server)) as engine:
-        app = worker_app(engine, smollm2_gguf)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
-            first = await _complete(c, prompt, mine)
-            await _complete(c, other, theirs)
+    first = await _complete(c, prompt, mine)
+    await _complete(c, other, theirs)
 
-            sent = await _send_down(c, mine, "nas")
-            assert sent["tier"] == "nas"
-            assert sent["device_pages"] >= 6 and sent["pinned_pages"] == 0
-            assert sent["pages"] >= sent["device_pages"]
-            assert list(nas_dir.rglob("*")), "nothing was written to the NAS"
+    sent = await _send_down(c, mine, "nas")
+    assert sent["tier"] == "nas"
+    assert sent["device_pages"] >= 6 and sent["pinned_pages"] == 0
+    assert sent["pages"] >= sent["device_pages"]
+    assert list(nas_dir.rglob("*")), "nothing was written to the NAS"
 
-            from_nas = await _complete(c, prompt, mine)
-            assert _tiers(from_nas) == {"device": 0, "host": 0, "nas": resident, "object": 0}
-            assert from_nas["choices"][0]["text"] == first["choices"][0]["text"]
-            # the other namespace was not touched: still on the device
-            assert _tiers(await _complete(c, other, theirs))["device"] == resident
+    from_nas = await _complete(c, prompt, mine)
+    assert _tiers(from_nas) == {"device": 0, "host": 0, "nas": resident, "object": 0}
+    assert from_nas["choices"][0]["text"] == first["choices"][0]["text"]
+    # the other namespace was not touched: still on the device
+    assert _tiers(await _complete(c, other, theirs))["device"] == resident
 
-            sent = await _send_down(c, mine, "object")
-            assert sent["tier"] == "object" and sent["nas_pages"] >= 6
+    sent = await _send_down(c, mine, "object")
+    assert sent["tier"] == "object" and sent["nas_pages"] >= 6
 
-            from_object = await _complete(c, prompt, mine)
-            assert _tiers(from_object) == {"device": 0, "host": 0, "nas": 0, "object": resident}
-            assert from_object["choices"][0]["text"] == first["choices"][0]["text"]
+    from_object = await _complete(c, prompt, mine)
+    assert _tiers(from_object) == {"device": 0, "host": 0, "nas": 0, "object": resident}
+    assert from_object["choices"][0]["text"] == first["choices"][0]["text"]
 
-            info = (await c.get("/server_info")).json()
-            assert info["prefill_tokens_per_s"] > 0
+    info = (await c.get("/server_info")).json()
+    assert info["prefill_tokens_per_s"] > 0
 
 
 async def test_moves_while_the_conversation_is_being_served_change_no_answer(
-    pg_dsn: str, nas_dir: Path, smollm2_gguf: Path
+    tiered: tuple[httpx.AsyncClient, Path],
 ) -> None:
+    c, _ = tiered
     salt = f"busy-{uuid.uuid4().hex}"
     prompt = list(range(7000, 7090))
-    with tiered_tiny_engine(nas_dir, dsn=pg_dsn) as engine:
-        app = worker_app(engine, smollm2_gguf)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://w") as c:
-            # the same tokens computed cold, in a namespace nothing moves
-            expected = (await _complete(c, prompt, f"cold-{uuid.uuid4().hex}"))["choices"][0]
-            await _complete(c, prompt, salt)  # cached: the turns below pin these pages
+    # the same tokens computed cold, in a namespace nothing moves
+    expected = (await _complete(c, prompt, f"cold-{uuid.uuid4().hex}"))["choices"][0]
+    await _complete(c, prompt, salt)  # cached: the turns below pin these pages
 
-            served = asyncio.gather(*(_complete(c, prompt, salt) for _ in range(9)))
-            moves = []
-            while not served.done():  # move the conversation again and again while it is served
-                moves.append(await _send_down(c, salt, "nas"))
-            answers = await served
+    served = asyncio.gather(*(_complete(c, prompt, salt) for _ in range(9)))
+    moves = []
+    while not served.done():  # move the conversation again and again while it is served
+        moves.append(await _send_down(c, salt, "nas"))
+    answers = await served
     assert [a["choices"][0]["text"] for a in answers] == [expected["text"]] * 9
     assert moves and all(m["pages"] >= m["device_pages"] for m in moves)
 
