@@ -41,9 +41,11 @@ def _html(markdown: str) -> Markup:
 
 
 def from_markdown(name: str, text: str) -> Report:
-    """A report's Markdown as HTML, titled by its first ``# `` line (else by ``name``)."""
+    """A report's Markdown as HTML, titled by its first ``# `` line (else by ``name``,
+    ``multiturn_quick`` read as "Multiturn quick")."""
     lines = text.splitlines()
-    title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), name)
+    fallback = name.replace("_", " ").capitalize()
+    title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), fallback)
     body = "\n".join(ln for ln in lines if not ln.startswith("# "))
     return Report(name, title, _html(body))
 

@@ -149,8 +149,8 @@ async def test_benchmarks_page_shows_every_report_in_full(
 def test_reports_without_numbers_give_no_json_figures() -> None:
     assert figures.from_json("x", '{"a": "text"}') is None
     assert figures.from_json("x", "not json") is None
-    report = figures.from_markdown("x", "no title, no table\n")
-    assert report.title == "x" and "<table>" not in report.html
+    report = figures.from_markdown("multiturn_quick", "no title, no table\n")
+    assert report.title == "Multiturn quick" and "<table>" not in report.html
 
 
 async def test_pricing_lists_every_plan_from_the_table(pg_pool: asyncpg.Pool) -> None:
