@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "gateway": "kvgate.bench.gateway:bench_gateway",
     "sglang": "kvgate.bench.sglang:sglang",
     "soak": "kvgate.bench.soak:soak",
+    "faults": "kvgate.bench.faults.command:faults",
 }
 
 

@@ -41,6 +41,22 @@ def embedded_postgres(pg_dir: Path, *, keep_running: bool = False) -> Iterator[s
             server.cleanup()
 
 
+def restart_embedded_postgres(pg_dir: Path, timeout_s: float = 60.0) -> None:
+    """Restart the embedded postmaster in ``pg_dir`` (``pg_ctl restart -m fast``: every
+    session is cut, as in a failover), as the user ``pgserver`` runs it as; returns once it
+    accepts connections again, on the same socket."""
+    import pgserver
+    from pgserver._commands import pg_ctl
+
+    server = pgserver.get_server(Path(pg_dir).absolute(), cleanup_mode=None)
+    pg_ctl(
+        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+        timeout=timeout_s,
+    )
+
+
 def _forget_dead_handles(pg_dir: Path) -> None:
     """Drop processes that died without detaching from ``pgserver``'s list of users.
 

@@ -184,6 +184,21 @@ async def _turn(
     play.next_turn += 1
 
 
+def chat_body(
+    model: str, messages: list[dict[str, str]], answer_tokens: int, temperature: float
+) -> dict:
+    """A streamed chat completion of exactly ``answer_tokens`` tokens, usage at its end."""
+    return {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": answer_tokens,
+        "min_tokens": answer_tokens,
+        "temperature": temperature,
+    }
+
+
 async def send(
     client: httpx.AsyncClient,
     target: Target,
@@ -200,15 +215,7 @@ async def send(
     Returns the answer text. A failure is recorded in ``result.error``, never raised: one
     bad request must not end a run that took minutes to set up.
     """
-    body = {
-        "model": model,
-        "messages": messages,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "max_tokens": answer_tokens,
-        "min_tokens": answer_tokens,
-        "temperature": temperature,
-    }
+    body = chat_body(model, messages, answer_tokens, temperature)
     answer: list[str] = []
     result.start = time.perf_counter()
     try:

@@ -103,11 +103,11 @@ async def _fresh_database(server_dsn: str, name: str) -> str:
     return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
 
 
-@contextlib.contextmanager
-def process(
+def start_process(
     name: str, argv: list[str], probe_url: str, log_dir: Path, env: dict[str, str]
-) -> Iterator[str]:
-    """Run ``argv`` until the block ends; yields once ``GET probe_url`` answers 2xx."""
+) -> ProcessPart:
+    """Start ``argv`` and return it once ``GET probe_url`` answers 2xx (stopped again if it
+    never does: ``PartError``)."""
     part = ProcessPart(
         name,
         argv,
@@ -122,7 +122,7 @@ def process(
         while True:
             try:
                 if part.probe() is not None:
-                    break
+                    return part
             except PartError:
                 raise
             except Exception:  # not listening yet
@@ -130,6 +130,18 @@ def process(
             if time.monotonic() > deadline:
                 raise PartError(f"{name} did not answer {probe_url} in {READY_TIMEOUT_S:.0f} s")
             time.sleep(0.5)
+    except BaseException:
+        part.stop()
+        raise
+
+
+@contextlib.contextmanager
+def process(
+    name: str, argv: list[str], probe_url: str, log_dir: Path, env: dict[str, str]
+) -> Iterator[str]:
+    """Run ``argv`` until the block ends; yields once ``GET probe_url`` answers 2xx."""
+    part = start_process(name, argv, probe_url, log_dir, env)
+    try:
         yield probe_url.rsplit("/", 1)[0]
     finally:
         part.stop()
@@ -165,12 +177,18 @@ def registered_worker(
     """A benchmark worker under ``kvgate agent`` (so gateways route to it); yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = kvgate_argv(
+    argv = registered_worker_argv(worker_id, tiers, model, port)
+    with process(worker_id, argv, f"{url}/health", log_dir, site.env):
+        yield url
+
+
+def registered_worker_argv(worker_id: str, tiers: str, model: str, port: int) -> list[str]:
+    """The command line of a benchmark worker on ``port`` under ``kvgate agent``."""
+    url = f"http://127.0.0.1:{port}"
+    return kvgate_argv(
         "agent", "--url", url, "--model", model, "--worker-id", worker_id, "--capacity", "64",
         "--drain-quiet", "0.5", "--", *worker_argv(tiers, port),
     )  # fmt: skip
-    with process(worker_id, argv, f"{url}/health", log_dir, site.env):
-        yield url
 
 
 @contextlib.contextmanager
