@@ -14,6 +14,7 @@ waits for the logits before :func:`constrain` returns), so its cost hides behind
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -117,17 +118,31 @@ class GrammarState:
 _GPU_BACKEND = "triton" if importlib.util.find_spec("triton") else "torch_native"
 
 
+@functools.cache
+def _batch_filler(threads: int) -> xgr.BatchGrammarMatcher:
+    return xgr.BatchGrammarMatcher(max_threads=threads)
+
+
 def constrain(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
     """Mask, in place, the tokens each row's grammar forbids (``-inf``); rows without a
-    grammar, or whose grammar allows every token here, are left as they are."""
+    grammar are left as they are, and so is a lone row whose grammar allows every token.
+
+    Several rows' masks are filled at once on the calling thread's torch threads: between
+    two forward passes those cores are idle (a fill takes ~0.3 ms per row on a slow core).
+    """
     rows = [i for i, s in enumerate(states) if s is not None]
     if not rows:
         return
     vocab = logits.shape[-1]
     bitmask = xgr.allocate_token_bitmask(len(states), vocab)
-    rows = [i for i in rows if states[i].fill(bitmask, i)]  # type: ignore[union-attr]
-    if not rows:
-        return
+    if len(rows) == 1:
+        if not states[rows[0]].fill(bitmask, rows[0]):  # type: ignore[union-attr]
+            return
+    else:
+        matchers = [states[i]._matcher for i in rows]  # type: ignore[union-attr]
+        _batch_filler(torch.get_num_threads()).batch_fill_next_token_bitmask(
+            matchers, bitmask, rows
+        )
     if logits.device.type == "cpu":
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
     else:
