@@ -2,13 +2,17 @@
 
 Weights arrive as a Hugging Face ``LlamaForCausalLM`` state dict and are fused at load
 (q/k/v into one matrix, gate/up into another) so that each layer runs four matmuls on the
-whole step's tokens at once. Attention uses ``scaled_dot_product_attention`` without
-repeating K and V: prefill chunks use its grouped-query mode (causal from position 0 when
-nothing is cached, so the kernel skips masked blocks), and decode folds the query heads of
-each KV head into the query axis so that a whole batch attends in one call. Attention
-runs in the pool's KV dtype (float16 under float32 weights on the CPU, by default): K and
-V are written rounded to it, queries are cast to it, and the output comes back in the
-model's dtype, so a token's KV is the same bytes however it got into the pool. The model
+whole step's tokens at once. Attention uses torch's fused kernels without repeating K and
+V: prefill chunks attend in grouped-query mode (:mod:`workers.engine.attention`), and
+decode folds the query heads of each KV head into the query axis so that a whole batch
+attends in one call. K and V are written rounded to the pool's dtype (float16 under
+float32 weights on the CPU, by default) and attention reads them back from the pool,
+widened to the model's dtype, even those of the chunk being computed: a token's KV is the
+same bytes however it got into the pool, and attention sees the same values whether they
+were computed this step or restored from a tier. Attention computes in the model's dtype:
+on CPUs without float16 arithmetic (AVX2, AVX-512 before Sapphire Rapids) torch's float16
+attention converts every block and ran at a third to a half of float32's speed, prefill
+and decode alike, while widening what was gathered costs one pass over it. The model
 holds tensors, not ``nn.Module``s, to keep per-step Python overhead to a handful of ops
 per layer.
 """
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from workers.engine.attention import chunk_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.config import ModelConfig
 from workers.engine.kv_pool import KVPool
@@ -85,6 +90,14 @@ class Projection:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.weight)  # type: ignore[arg-type]
+
+
+def _room(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``buffer`` if it holds ``shape``'s elements, else a quarter more than that, uninitialised."""
+    need = math.prod(shape)
+    if buffer.numel() >= need:
+        return buffer
+    return torch.empty(need + need // 4, dtype=buffer.dtype, device=buffer.device)
 
 
 @dataclass
@@ -152,11 +165,14 @@ class LlamaModel:
         )
         self.cos = freqs.cos().to(device=self.device, dtype=dtype)
         self.sin = freqs.sin().to(device=self.device, dtype=dtype)
-        #: CPU memory the attention gathers each call's KV into, grown as needed and reused
+        #: CPU memory the attention gathers each call's KV into, and widens it into when
+        #: the pool's dtype is not the model's; grown as needed and reused
         self._gathered = torch.empty(0, dtype=self.kv_dtype, device=self.device)
+        self._widened = torch.empty(0, dtype=dtype, device=self.device)
 
-    def _gather(self, slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """``slots.index_select(0, index)`` into reused memory (valid until the next call).
+    def _context(self, slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """KV of the pool slots ``index`` (``[n, 2, kv_heads, head_dim]``) in the model's
+        dtype; on the CPU in reused memory, valid until the next call.
 
         A decode step gathers every sequence's context once per layer: 45 MB for 8 requests
         of 3.7k tokens with SmolLM2's KV in float32. glibc serves blocks over 32 MB with a fresh mmap
@@ -166,12 +182,16 @@ class LlamaModel:
         take GPU memory from other temporaries.
         """
         if self.device.type != "cpu":
-            return slots.index_select(0, index)
+            return slots.index_select(0, index).to(self.dtype)
         shape = (index.numel(), *slots.shape[1:])
-        need = math.prod(shape)
-        if self._gathered.numel() < need:
-            self._gathered = torch.empty(need + need // 4, dtype=slots.dtype, device=slots.device)
-        return torch.index_select(slots, 0, index, out=self._gathered[:need].view(shape))
+        self._gathered = _room(self._gathered, shape)
+        gathered = torch.index_select(
+            slots, 0, index, out=self._gathered[: math.prod(shape)].view(shape)
+        )
+        if slots.dtype == self.dtype:
+            return gathered
+        self._widened = _room(self._widened, shape)
+        return self._widened[: math.prod(shape)].view(shape).copy_(gathered)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, weight.shape, weight, self.config.rms_norm_eps)
@@ -189,19 +209,16 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Attention output ``[T, heads * head_dim]`` for the step's queries."""
         H, D = self.heads, self.head_dim
-        q = qkv[:, : H * D].to(self.kv_dtype)
+        q = qkv[:, : H * D]
         if not batch.prefill:  # decode only: the attention output is the whole result
             return self._decode_attention(q, batch, slots)
         out = torch.empty(q.shape, dtype=self.dtype, device=q.device)
         for p in batch.prefill:
-            ctx = self._gather(slots, p.ctx_slots)  # [L, 2, K, D]
+            ctx = self._context(slots, p.ctx_slots)  # [L, 2, K, D]
             k = ctx[:, 0].transpose(0, 1)[None]  # [1, K, L, D]
             v = ctx[:, 1].transpose(0, 1)[None]
             qp = q[p.row : p.row + p.n].view(p.n, H, D).transpose(0, 1)[None]  # [1, H, n, D]
-            # No mask means a fresh sequence: is_causal lets the kernel skip masked blocks.
-            o = F.scaled_dot_product_attention(
-                qp, k, v, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True
-            )
+            o = chunk_attention(qp, k, v, p.mask)
             out[p.row : p.row + p.n] = o[0].transpose(0, 1).reshape(p.n, H * D)
         if batch.decode_slots is not None:
             out[batch.decode_row :] = self._decode_attention(q, batch, slots)
@@ -214,12 +231,13 @@ class LlamaModel:
         assert batch.decode_slots is not None
         K, D, g = self.kv_heads, self.head_dim, self.group
         B, L = batch.decode_slots.shape
-        ctx = self._gather(slots, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
+        ctx = self._context(slots, batch.decode_slots.view(-1)).view(B, L, 2, K, D)
         k = ctx[:, :, 0].transpose(1, 2)  # [B, K, L, D]
         v = ctx[:, :, 1].transpose(1, 2)
         qd = q[batch.decode_row :].view(B, K, g, D)  # the g query heads of a KV head as rows
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=batch.decode_mask)
-        return o.reshape(B, K * g * D).to(self.dtype)
+        mask = None if batch.decode_mask is None else batch.decode_mask.to(q.dtype)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
+        return o.reshape(B, K * g * D)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
