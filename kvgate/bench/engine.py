@@ -1,11 +1,13 @@
 """``kvgate bench engine``: the built-in engine's prefill and decode speed, against yardsticks.
 
-Measured in one run on this machine: our engine's prefill tokens/s at 128/512/2048-token
+Measured in one run on this machine: our engine's prefill tokens/s at 128/512/2048/4096-token
 prompts and decode tokens/s at batch 1/8/32, and at batch 8 with every request held to a
-JSON schema (grammar-constrained decoding); the matmul roofline in the engine's device and
-dtype (fp32 on a CPU, bf16 on a GPU); Hugging Face ``transformers`` on the same weights,
-prompts, device and dtype. The figures and the verdict on each
-target are printed and written to ``docs/benchmarks/engine.md`` (and ``--json``).
+JSON schema (grammar-constrained decoding); Hugging Face ``transformers`` on the same
+weights, prompts, device and dtype, measured in turn with ours; the matmul roofline in the
+engine's device and dtype (fp32 on a CPU, bf16 on a GPU) and the memory bandwidth, whose
+ratio to the bytes a decode step must read is the floor under batch-1 decode. The figures,
+their ratios and the verdict on each target are printed and written to
+``docs/benchmarks/engine.md`` (and ``--json``).
 """
 
 from __future__ import annotations
@@ -19,14 +21,30 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TypeVar
 
 import click
 import torch
 
-from kvgate.bench.hf import HFBaseline, matmul_gflops, prefill_flops, roofline_shapes
+from kvgate.bench.engine_figures import (
+    DECODE_BATCHES,
+    DECODE_PROMPT,
+    HF_DECODE_BATCHES,
+    JSON_BATCH,
+    PROMPT_LENGTHS,
+    Figures,
+    render,
+)
+from kvgate.bench.hf import (
+    HFBaseline,
+    copy_bandwidth,
+    decode_bytes,
+    matmul_gflops,
+    prefill_flops,
+    roofline_shapes,
+)
 from kvgate.bench.output import cpu_name, source_commit
 from kvgate.wiring.engine import (
     WorkerOptions,
@@ -40,15 +58,8 @@ from workers.engine.grammar import Grammar, Grammars
 
 T = TypeVar("T")
 
-PROMPT_LENGTHS = (128, 512, 2048)
-DECODE_BATCHES = (1, 8, 32)
-#: batch sizes at which transformers is run for the decode comparison
-HF_DECODE_BATCHES = (1, 8)
-#: prompt length of every decode-benchmark request
-DECODE_PROMPT = 64
-#: batch at which decode is measured with a JSON schema on every request too, and the
-#: schema: records enough that no request completes it within the steps measured
-JSON_BATCH = 8
+#: the schema every request of the JSON decode figure is held to: records enough that no
+#: request completes it within the steps measured
 JSON_SCHEMA = {
     "type": "array",
     "items": {
@@ -58,75 +69,6 @@ JSON_SCHEMA = {
     },
     "minItems": 64,
 }
-
-
-@dataclass
-class Figures:
-    """Everything one run measured; tokens/s keyed by prompt length or batch size."""
-
-    model: str
-    machine: str
-    threads: int
-    matmul_gflops: float
-    #: dtype and device the engine ran in, e.g. ``float32 on cpu``
-    engine: str = "float32 on cpu"
-    prefill_tps: dict[int, float] = field(default_factory=dict)
-    prefill_gflops: dict[int, float] = field(default_factory=dict)
-    decode_tps: dict[int, float] = field(default_factory=dict)
-    hf_prefill_tps: dict[int, float] = field(default_factory=dict)
-    hf_decode_tps: dict[int, float] = field(default_factory=dict)
-    #: decode tokens/s at ``JSON_BATCH`` with every request held to ``JSON_SCHEMA``
-    json_decode_tps: float = 0.0
-    decode_steps: int = 0
-    #: every roofline sample (GFLOP/s); ``matmul_gflops`` is the best
-    matmul_samples: list[float] = field(default_factory=list)
-    #: 1-minute load average at the start and the end: above the CPU count, other processes
-    #: competed for the cores and every figure is a lower bound
-    load_average: tuple[float, float] = (0.0, 0.0)
-    #: the git commit measured (see :func:`~kvgate.bench.output.source_commit`)
-    commit: str | None = None
-
-    def targets(self) -> list[tuple[str, bool, str]]:
-        """(target, met, the figures behind the verdict) for each of the engine's targets."""
-        out = []
-        n = max(self.prefill_gflops)
-        share = self.prefill_gflops[n] / self.matmul_gflops
-        out.append(
-            (
-                f"prefill at {n} tokens >= 50% of the matmul roofline",
-                share >= 0.5,
-                f"{self.prefill_gflops[n]:.1f} of {self.matmul_gflops:.1f} GFLOP/s = {share:.0%}",
-            )
-        )
-        lo, hi = min(self.decode_tps), max(self.decode_tps)
-        scale = self.decode_tps[hi] / self.decode_tps[lo]
-        out.append(
-            (
-                f"batch-{hi} decode >= 8x batch-{lo} decode",
-                scale >= 8,
-                f"{self.decode_tps[hi]:.1f} / {self.decode_tps[lo]:.1f} tok/s = {scale:.1f}x",
-            )
-        )
-        for b in sorted(self.hf_decode_tps):
-            ratio = self.decode_tps[b] / self.hf_decode_tps[b]
-            out.append(
-                (
-                    f"decode at batch {b} >= 3x transformers",
-                    ratio >= 3,
-                    f"{self.decode_tps[b]:.1f} / {self.hf_decode_tps[b]:.1f} tok/s = {ratio:.1f}x",
-                )
-            )
-        if self.json_decode_tps:
-            free = self.decode_tps[JSON_BATCH]
-            cost = 1 - self.json_decode_tps / free
-            out.append(
-                (
-                    f"batch-{JSON_BATCH} decode with a JSON schema costs <= 10%",
-                    cost <= 0.10,
-                    f"{self.json_decode_tps:.1f} / {free:.1f} tok/s = {cost:.1%} slower",
-                )
-            )
-        return out
 
 
 def machine() -> str:
@@ -214,7 +156,8 @@ async def measure(
 
     Each figure is the best of a few repetitions: on a shared machine the best run is the
     one least disturbed by other processes, which is what we want to compare. For the same
-    reason the roofline is sampled next to every measurement and its best sample kept. The
+    reason the roofline and the bandwidth are sampled between measurements and their best
+    samples kept. The
     engine is set up as ``kvgate worker`` sets it up (one team of OpenMP threads, on the
     engine's thread), and the yardsticks run on short-lived threads of their own; the
     calling thread gets its torch thread count back at the end.
@@ -229,12 +172,18 @@ async def measure(
 async def _measure(
     options: WorkerOptions, quick: bool, with_hf: bool, say: Callable[[str], None]
 ) -> Figures:
-    """:func:`measure`, the calling thread already down to one torch thread."""
+    """:func:`measure`, the calling thread already down to one torch thread.
+
+    kvgate and transformers are measured in turn, prompt by prompt and batch by batch, and
+    the whole round repeated: on a machine shared with other work the load drifts over
+    minutes, and figures taken far apart would compare the load as much as the code.
+    """
     threads = options.engine.threads
     loaded = load_model(options)
+    config = loaded.config
     device, dtype = options.engine.resolved()
-    shapes = roofline_shapes(loaded.config)
-    steps, reps = (16, 1) if quick else (64, 3)
+    shapes = roofline_shapes(config)
+    steps, reps = (16, 2) if quick else (64, 3)
     figures = Figures(
         model=loaded.model_id,
         machine=machine(),
@@ -243,34 +192,74 @@ async def _measure(
         matmul_gflops=0.0,
         engine=options.engine.describe(),
         decode_steps=steps,
+        reps=reps,
         load_average=(os.getloadavg()[0], 0.0),
+        # batch 1 over the middle of the window measured: the prompt and half the steps
+        decode_bytes=decode_bytes(
+            config,
+            dtype.itemsize,
+            options.engine.kv_bytes_per_token(config),
+            DECODE_PROMPT + steps // 2,
+        ),
     )
 
-    def roofline() -> None:
-        sample = on_own_thread(
-            functools.partial(matmul_gflops, shapes, device=device, dtype=dtype), threads
-        )
-        figures.matmul_samples.append(sample)
+    def yardsticks() -> None:
+        """A sample of the roofline, the bandwidth and the load (the best rates are kept)."""
+        figures.load_samples.append(os.getloadavg()[0])
+        gflops = functools.partial(matmul_gflops, shapes, device=device, dtype=dtype)
+        figures.matmul_samples.append(on_own_thread(gflops, threads))
         figures.matmul_gflops = max(figures.matmul_samples)
+        bandwidth = functools.partial(copy_bandwidth, device=device)
+        figures.bandwidth_samples.append(on_own_thread(bandwidth, threads))
+        figures.bandwidth_gbs = max(figures.bandwidth_samples)
 
-    roofline()
-    say(f"matmul roofline: {figures.matmul_gflops:.1f} GFLOP/s")
-    vocab = loaded.config.vocab_size
-    prompts = {n: random_prompts(1, n, vocab, seed=i)[0] for i, n in enumerate(PROMPT_LENGTHS)}
+    def keep_best(into: dict[int, float], key: int, value: float, who: str) -> None:
+        into[key] = max(into.get(key, 0.0), value)
+        say(f"{who}: {value:.1f} tok/s (best {into[key]:.1f})")
+
+    yardsticks()
+    say(f"roofline {figures.matmul_gflops:.1f} GFLOP/s, bandwidth {figures.bandwidth_gbs:.1f} GB/s")
+    vocab = config.vocab_size
+    context = options.engine.context_length or config.max_position_embeddings
+    prompts = {  # the lengths that leave the model room for the token generated
+        n: random_prompts(1, n, vocab, seed=i)[0]
+        for i, n in enumerate(PROMPT_LENGTHS)
+        if n < context
+    }
     batches = {b: random_prompts(b, DECODE_PROMPT, vocab, seed=1000 + b) for b in DECODE_BATCHES}
+    warm_up = random_prompts(1, 32, vocab, seed=99)[0]
+    hf: HFBaseline | None = None
+    if with_hf:
+        hf = on_own_thread(
+            lambda: HFBaseline(config, loaded.state, device=device, dtype=dtype), threads
+        )
+        on_own_thread(functools.partial(hf.prefill_tokens_per_s, warm_up), threads)
     with running_engine(loaded, options) as engine:
         # Warm-up: first-call allocations and kernel selection are not what we measure.
-        await engine_prefill_tps(engine, random_prompts(1, 32, vocab, seed=99)[0])
-        for n, prompt in prompts.items():
-            roofline()
-            best = max([await engine_prefill_tps(engine, prompt) for _ in range(reps)])
-            figures.prefill_tps[n] = best
-            figures.prefill_gflops[n] = prefill_flops(loaded.config, n) * best / n / 1e9
-            say(f"kvgate prefill {n}: {best:.1f} tok/s")
-        for b, batch in batches.items():
-            best = max([await engine_decode_tps(engine, batch, steps) for _ in range(reps)])
-            figures.decode_tps[b] = best
-            say(f"kvgate decode batch {b}: {best:.1f} tok/s")
+        await engine_prefill_tps(engine, warm_up)
+        for _ in range(reps):
+            for n, prompt in prompts.items():
+                keep_best(
+                    figures.prefill_tps,
+                    n,
+                    await engine_prefill_tps(engine, prompt),
+                    f"kvgate prefill {n}",
+                )
+                if hf is not None:
+                    tps = on_own_thread(functools.partial(hf.prefill_tokens_per_s, prompt), threads)
+                    keep_best(figures.hf_prefill_tps, n, tps, f"transformers prefill {n}")
+            yardsticks()
+            for b, batch in batches.items():
+                tps = await engine_decode_tps(engine, batch, steps)
+                keep_best(figures.decode_tps, b, tps, f"kvgate decode batch {b}")
+                if hf is not None and b in HF_DECODE_BATCHES:
+                    run = functools.partial(hf.decode_tokens_per_s, batch, steps)
+                    keep_best(
+                        figures.hf_decode_tps,
+                        b,
+                        on_own_thread(run, threads),
+                        f"transformers decode batch {b}",
+                    )
         # the JSON figure and the free one again, alternately: the same load on both
         grammar = Grammars.for_tokenizer(
             loaded.tokenizer.backend, vocab_size=vocab, stop_token_ids=engine.eos_token_ids
@@ -284,78 +273,11 @@ async def _measure(
         say(
             f"kvgate decode batch {JSON_BATCH} with a JSON schema: {figures.json_decode_tps:.1f} tok/s"
         )
-    roofline()
-
-    def transformers() -> None:
-        hf = HFBaseline(loaded.config, loaded.state, device=device, dtype=dtype)
-        hf.prefill_tokens_per_s(random_prompts(1, 32, vocab, seed=99)[0])  # warm-up, as ours
-        for n, prompt in prompts.items():
-            figures.hf_prefill_tps[n] = max(hf.prefill_tokens_per_s(prompt) for _ in range(reps))
-            say(f"transformers prefill {n}: {figures.hf_prefill_tps[n]:.1f} tok/s")
-        for b in HF_DECODE_BATCHES:
-            figures.hf_decode_tps[b] = max(
-                hf.decode_tokens_per_s(batches[b], steps) for _ in range(reps)
-            )
-            say(f"transformers decode batch {b}: {figures.hf_decode_tps[b]:.1f} tok/s")
-
-    if with_hf:
-        on_own_thread(transformers, threads)
-    roofline()
-    say(
-        f"matmul roofline, best of {len(figures.matmul_samples)} samples: {figures.matmul_gflops:.1f}"
-    )
+    yardsticks()
+    for n, tps in figures.prefill_tps.items():
+        figures.prefill_gflops[n] = prefill_flops(config, n) * tps / n / 1e9
     figures.load_average = (figures.load_average[0], os.getloadavg()[0])
     return figures
-
-
-def render(figures: Figures) -> str:
-    """The Markdown report."""
-
-    def vs(ours: float, theirs: float | None) -> str:
-        return f"{theirs:,.1f} | {ours / theirs:.1f}x" if theirs else "- | -"
-
-    on_gpu = " on cpu" not in figures.engine  # "float32 on cpu, KV in float16"
-    lines = [
-        "# Built-in engine benchmark" + (f" on a GPU ({figures.engine})" if on_gpu else ""),
-        "",
-        "Written by `kvgate bench engine`"
-        + (f" on commit `{figures.commit}`" if figures.commit else "")
-        + "; every figure comes from the same run on the same machine.",
-        "",
-        f"- model: `{figures.model}`, {figures.engine}, {figures.threads} torch threads",
-        f"- machine: {figures.machine}; 1-minute load average {figures.load_average[0]:.1f} "
-        f"at the start, {figures.load_average[1]:.1f} at the end",
-        f"- {figures.engine.split()[0]} matmul roofline (best rate over 4 shapes, sampled "
-        f"{len(figures.matmul_samples)} times next to the measurements): "
-        f"**{figures.matmul_gflops:,.1f} GFLOP/s**",
-        f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request",
-        "",
-        "## Prefill (one request, cold cache)",
-        "",
-        "| prompt tokens | kvgate tok/s | kvgate GFLOP/s | % of roofline | transformers tok/s | speed-up |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n, tps in figures.prefill_tps.items():
-        share = figures.prefill_gflops[n] / figures.matmul_gflops
-        lines.append(
-            f"| {n} | {tps:,.1f} | {figures.prefill_gflops[n]:,.1f} | {share:.0%} | "
-            f"{vs(tps, figures.hf_prefill_tps.get(n))} |"
-        )
-    lines += [
-        "",
-        "## Decode (concurrent requests, prefill excluded)",
-        "",
-        "| batch | kvgate tok/s | transformers tok/s | speed-up |",
-        "|---:|---:|---:|---:|",
-    ]
-    for b, tps in figures.decode_tps.items():
-        lines.append(f"| {b} | {tps:,.1f} | {vs(tps, figures.hf_decode_tps.get(b))} |")
-    if figures.json_decode_tps:
-        lines.append(f"| {JSON_BATCH}, JSON schema | {figures.json_decode_tps:,.1f} | - | - |")
-    lines += ["", "## Targets", ""]
-    for target, met, detail in figures.targets():
-        lines.append(f"- {'met' if met else '**missed**'}: {target} ({detail})")
-    return "\n".join(lines) + "\n"
 
 
 @click.command()
@@ -364,7 +286,9 @@ def render(figures: Figures) -> str:
     default=None,
     help="GGUF file, safetensors dir, tiny-random or random:<preset>; default SmolLM2.",
 )
-@click.option("--quick", is_flag=True, help="Fewer decode steps and repetitions (about a minute).")
+@click.option(
+    "--quick", is_flag=True, help="16 decode steps instead of 64, best of 2 instead of 3."
+)
 @click.option("--no-hf", is_flag=True, help="Skip the transformers comparison.")
 @click.option(
     "--out",
@@ -377,7 +301,8 @@ def render(figures: Figures) -> str:
     "--json", "json_path", type=click.Path(path_type=Path), help="Also write the figures as JSON."
 )
 def engine(model: str | None, quick: bool, no_hf: bool, out: Path, json_path: Path | None) -> None:
-    """Prefill and decode tokens/s of the built-in engine vs the matmul roofline and transformers."""
+    """Prefill and decode tokens/s of the built-in engine vs transformers, the matmul roofline
+    and the memory-bandwidth floor."""
     say = functools.partial(click.echo, err=True)
     figures = asyncio.run(measure(worker_options(model=model), quick, not no_hf, say))
     report = render(figures)
@@ -386,7 +311,8 @@ def engine(model: str | None, quick: bool, no_hf: bool, out: Path, json_path: Pa
     out.write_text(report)
     if json_path is not None:
         data = asdict(figures) | {
-            "targets": [{"target": t, "met": m, "detail": d} for t, m, d in figures.targets()]
+            "ratios": figures.ratios(),
+            "targets": [{"target": t, "met": m, "detail": d} for t, m, d in figures.targets()],
         }
         json_path.write_text(json.dumps(data, indent=2))
     click.echo(f"wrote {out}" + (f" and {json_path}" if json_path else ""))

@@ -1,9 +1,10 @@
 """The yardsticks `kvgate bench engine` compares the built-in engine against.
 
-Two of them: this machine's matmul throughput in the engine's device and dtype (the roofline
-a prefill can approach) and Hugging Face ``transformers`` running the very same weights and
-prompts on the same device, prefill and decode through its own KV cache. ``transformers``
-is a dev dependency, imported here only.
+Three of them: this machine's matmul throughput in the engine's device and dtype (the
+roofline a prefill can approach), its memory bandwidth (the floor under a decode step,
+which reads every weight once), and Hugging Face ``transformers`` running the very same
+weights and prompts on the same device, prefill and decode through its own KV cache.
+``transformers`` is a dev dependency, imported here only.
 """
 
 from __future__ import annotations
@@ -56,6 +57,36 @@ def matmul_gflops(
             _sync(device)
             best = max(best, 2 * m * k * n / (time.perf_counter() - start) / 1e9)
     return best
+
+
+def copy_bandwidth(*, device: torch.device = CPU, size: int = 2**30, reps: int = 3) -> float:
+    """GB/s of copying a ``size``-byte buffer on ``device`` now, best of ``reps``.
+
+    Counted as STREAM counts its copy: the bytes read plus the bytes written. The default
+    1 GiB is far larger than any CPU cache, so every byte comes from and goes to memory.
+    """
+    src = torch.ones(size // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: fault in both buffers' pages
+    best = 0.0
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = max(best, 2 * size / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def decode_bytes(config: ModelConfig, dtype_bytes: int, kv_bytes: int, context: int) -> int:
+    """Bytes one decode step of one sequence reads from memory at best: every weight once
+    (the embedding only as the LM head, a row of it being all a step looks up) and the
+    K and V of ``context`` tokens (``kv_bytes`` each)."""
+    h, d, ff = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * ff + 2 * h  # projections, MLP, norms
+    weights = per_layer * config.num_hidden_layers + h + config.vocab_size * h
+    return weights * dtype_bytes + context * kv_bytes
 
 
 def prefill_flops(config: ModelConfig, tokens: int) -> float:

@@ -13,32 +13,68 @@ from click.testing import CliRunner
 from kvgate.bench.engine import Figures, engine, on_own_thread, render
 
 
-def figures(prefill_2048_gflops: float, decode: dict[int, float], hf: dict[int, float]) -> Figures:
+def figures(
+    prefill: dict[int, tuple[float, float]],
+    decode: dict[int, float],
+    hf: dict[int, float],
+    floor_tps: float = 20.0,
+) -> Figures:
+    """Figures of a run: ``prefill`` maps a prompt length to (ours, transformers') tok/s;
+    the bandwidth and bytes per step give ``floor_tps`` at batch 1."""
     return Figures(
         model="m",
         machine="cpu",
         threads=2,
         matmul_gflops=100.0,
-        prefill_tps={2048: 1000.0},
-        prefill_gflops={2048: prefill_2048_gflops},
+        prefill_tps={n: ours for n, (ours, _) in prefill.items()},
+        prefill_gflops={n: ours / 10 for n, (ours, _) in prefill.items()},
+        hf_prefill_tps={n: theirs for n, (_, theirs) in prefill.items()},
         decode_tps=decode,
         hf_decode_tps=hf,
+        bandwidth_gbs=10.0,
+        decode_bytes=int(10e9 / floor_tps),
     )
 
 
 def test_targets_are_judged_on_the_measured_figures() -> None:
-    met = figures(60.0, {1: 10.0, 8: 60.0, 32: 90.0}, {1: 3.0, 8: 20.0}).targets()
-    assert [m for _, m, _ in met] == [True, True, True, True]
-    missed = figures(40.0, {1: 10.0, 8: 50.0, 32: 70.0}, {1: 4.0, 8: 20.0}).targets()
-    assert [m for _, m, _ in missed] == [False, False, False, False]
-    assert missed[0][2] == "40.0 of 100.0 GFLOP/s = 40%"
-    assert "**missed**: batch-32 decode >= 8x batch-1 decode (70.0 / 10.0 tok/s = 7.0x)" in render(
-        figures(40.0, {1: 10.0, 8: 50.0, 32: 70.0}, {1: 4.0, 8: 20.0})
+    good = figures(
+        {512: (600.0, 590.0), 4096: (500.0, 480.0)},
+        {1: 19.0, 8: 60.0, 32: 160.0},
+        {1: 3.0, 8: 40.0},
     )
+    assert [m for _, m, _ in good.targets()] == [True] * 6
+    bad = figures(
+        {512: (580.0, 590.0), 4096: (400.0, 480.0)},
+        {1: 17.0, 8: 59.0, 32: 130.0},
+        {1: 3.0, 8: 40.0},
+    )
+    verdicts = bad.targets()
+    assert [m for _, m, _ in verdicts] == [False] * 6
+    assert verdicts[0][2] == "40.0 of 100.0 GFLOP/s = 40%"
+    assert verdicts[2] == (
+        "prefill at 4096 tokens >= 1.0x transformers",
+        False,
+        "400.0 / 480.0 tok/s = 0.83x",
+    )
+    assert verdicts[3] == (
+        "batch-1 decode >= 90% of the memory-bandwidth floor",
+        False,
+        "17.0 of 20.0 tok/s = 85%",
+    )
+    report = render(bad)
+    assert "**missed**: batch-32 decode >= 8x batch-1 decode (130.0 / 17.0 tok/s = 7.6x)" in report
+    assert "at 10.0 GB/s" in report
+    ratios = bad.ratios()
+    assert ratios["prefill_vs_transformers"] == {512: 580.0 / 590.0, 4096: 400.0 / 480.0}
+    assert ratios["decode_vs_transformers"] == {1: 17.0 / 3.0, 8: 59.0 / 40.0}
+    assert ratios["decode_batch32_vs_batch1"] == 130.0 / 17.0
+    assert abs(ratios["decode_batch1_vs_bandwidth_floor"] - 0.85) < 1e-6
 
 
 def test_the_report_names_the_device_and_the_commit_measured() -> None:
-    cpu = replace(figures(60.0, {1: 10.0}, {1: 3.0}), engine="float32 on cpu, KV in float16")
+    cpu = replace(
+        figures({128: (1.0, 1.0)}, {1: 10.0}, {1: 3.0}), engine="float32 on cpu, KV in float16"
+    )
     assert render(cpu).startswith("# Built-in engine benchmark\n")
     assert "Written by `kvgate bench engine`;" in render(cpu)
     gpu = replace(cpu, engine="bfloat16 on cuda", commit="0123456789ab")
@@ -75,11 +111,15 @@ def test_quick_run_writes_every_figure(
     assert torch.get_num_threads() == threads  # the run gave the caller its count back
     figures = json.loads(data.read_text())
     assert figures["threads"] == threads  # the engine's thread had them all
+    # tiny-random's context (4096 tokens) leaves no room after a 4096-token prompt
     assert set(figures["prefill_tps"]) == {"128", "512", "2048"}
     assert set(figures["decode_tps"]) == {"1", "8", "32"}
     assert set(figures["hf_prefill_tps"]) == {"128", "512", "2048"}
     assert set(figures["hf_decode_tps"]) == {"1", "8"}
     assert figures["matmul_gflops"] == max(figures["matmul_samples"]) > 0
-    assert len(figures["targets"]) == 4
+    assert figures["bandwidth_gbs"] == max(figures["bandwidth_samples"]) > 0
+    assert set(figures["ratios"]["prefill_vs_transformers"]) == {"128", "512", "2048"}
+    assert figures["ratios"]["decode_batch1_vs_bandwidth_floor"] > 0
+    assert len(figures["targets"]) == 8
     report = out.read_text()
     assert "## Targets" in report and report in result.output
