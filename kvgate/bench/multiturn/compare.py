@@ -1,23 +1,27 @@
-"""``--compare``: the identical workload on the built-in worker under each tier ladder.
+"""``--compare``: one workload's measured turns on the built-in worker under each tier ladder.
 
-Configurations (each on a fresh database, NAS directory and S3 prefix):
+The conversations are primed once: the ``host`` worker plays their first turns, and the
+KV it writes through to the NAS (with its ledger rows) is what every other configuration
+starts from, each on a copy of its own (:func:`stack.snapshot`): the same histories, the
+same pages, and none of another configuration's later pages. Then each configuration
+plays the same measured follow-up turns from the same point:
 
-- ``recompute``: L1 only; evicted pages are dropped, every returning turn is prefilled again;
-- ``host``: L1 + L2 (host RAM sized to hold the whole working set);
-- ``nas``: L1 + L2 + L3, L2 as small as L1;
-- ``object``: L1 + L2 + L3 + L4, L2 as small as L1 and tierd keeping the NAS small, so
-  most returning pages come back from the object store;
+- ``infinite``: the ideal. A pool that holds every history the run will have; the primed
+  histories are brought into it from the NAS before the clock starts, and nothing is ever
+  evicted (write-through off, so no page ever goes down);
+- ``recompute``: L1 only; evicted pages are dropped, every returning turn is prefilled;
+- ``host``: L1 + L2, host RAM holding the whole working set (the primer itself: it also
+  writes through to the NAS, as ``nas`` does);
+- ``nas``: L1 + L2 + L3 with a small L2, so returning pages come from the NAS;
+- ``object``: L1 + L2 + L3 + L4, every primed page moved to the object store first and
+  tierd keeping the NAS small, so returning pages come from S3;
 - ``gateway_shared``: the gateway in front of two workers sharing the NAS and the object
-  store, each turn's session key chosen so that the gateway's ring sends it to the other
-  worker than the previous turn: every follow-up must resume from the shared tiers. The
-  two split the machine's cores, as two GPU workers would each have a device: two
-  engines whose OpenMP teams both spin on every core stall each other (measured: a quick
-  run's 24 requests took 409 s instead of 62).
+  store, each follow-up turn routed to the other worker than the turn before; the two
+  split the machine's cores, as two GPU workers would each have a device.
 
-Then the no-reuse workload (first turns of fresh conversations only) on two fresh workers,
-one without tiers and one with all of them (no tierd), the price of tiering when it cannot
-help, played interleaved (:mod:`kvgate.bench.multiturn.noreuse`). Both start cold, so neither
-inherits the other runs' queues or background work.
+In every configuration but ``infinite`` the pool holds what the concurrent requests need
+at once (:mod:`kvgate.bench.multiturn.sizing`), so decoding batches as with infinite memory
+and only the idle conversations' histories live below L1.
 """
 
 from __future__ import annotations
@@ -25,80 +29,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
-import httpx
 
 from gateway.router import Router
-from kvgate.bench.multiturn import noreuse, stack
-from kvgate.bench.multiturn.driver import Plan, Result, Target, run
+from kvgate.bench.multiturn import noreuse, restore, sizing, stack
+from kvgate.bench.multiturn.driver import History, Plan, Result, Target, run
 from kvgate.bench.multiturn.metrics import Summary, summarize
-from kvgate.bench.multiturn.workload import Conversation, Shape, conversations
+from kvgate.bench.multiturn.workload import WORKLOADS, Shape, Turn, conversations
 from kvgate.models.registry import DEFAULT_MODEL
 from kvgate.settings import load_settings
 from protocol.fields import SESSION_HEADER
 from protocol.registry import WorkerInfo
 
-CONFIGS: tuple[str, ...] = ("recompute", "host", "nas", "object", "gateway_shared")
+CONFIGS: tuple[str, ...] = ("infinite", "recompute", "host", "nas", "object", "gateway_shared")
 #: the configurations that need the object store (SeaweedFS starts only for them)
 OBJECT_CONFIGS = frozenset({"object", "gateway_shared"})
-#: host RAM of the ``host`` configuration, as a multiple of the working set's KV
+#: the configurations that start from the primed NAS
+PRIMED_CONFIGS = frozenset({"infinite", "nas", "object", "gateway_shared"})
+#: host RAM of ``host``, as a multiple of the working set's KV
 HOST_ALL_SLACK = 1.25
 GATEWAY_WORKERS = ("bench-a", "bench-b")
-#: per request of a no-reuse wave, tokens beyond its words: the chat template's role
-#: markers, the last partial page, the page of headroom admission keeps per request
-NO_REUSE_SLACK_TOKENS = 64
 
 
 @dataclass(frozen=True)
 class Spec:
-    """Sizes of one comparison run (tokens are converted to bytes with the model's KV size)."""
+    """One workload's sizes; pools and primed conversations follow from them (see
+    :mod:`kvgate.bench.multiturn.sizing`)."""
 
-    conversations: int
-    active: int
+    workload: str
+    #: requests in flight at once (closed-loop clients)
     clients: int
-    warmup: int
-    max_requests: int
-    #: device KV pool (L1) of every worker
-    l1_tokens: int
-    #: host RAM (L2) of ``nas``/``object``/``gateway_shared`` workers
+    #: conversations drawn; the fewest that leave ``idle_over_pool`` x the pool idle play
+    conversations: int
+    idle_over_pool: float
+    #: measured follow-up turns per configuration (a budgeted run sizes it again)
+    measured: int
+    #: L2 of ``nas``, ``object`` and ``gateway_shared``; tierd's NAS watermark in ``object``
     small_l2_tokens: int
-    #: tierd's NAS high watermark in ``object`` (low is half of it)
     small_nas_tokens: int
-    restore_lengths: tuple[int, ...]
-    no_reuse_requests: int
     seed: int = 0
     shape: Shape = field(default_factory=Shape)
 
-
-QUICK = Spec(
-    conversations=12, active=12, clients=8, warmup=12, max_requests=24,
-    l1_tokens=6144, small_l2_tokens=1024, small_nas_tokens=4096,
-    restore_lengths=(4000,), no_reuse_requests=24,
-)  # fmt: skip
-#: The full run plays 24 conversations to their last turn (181 requests per configuration),
-#: a working set of about 77,000 tokens: 8.3x its L1. Its L1 holds about three late-turn
-#: histories of the 8 concurrent clients', as a GPU's pool holds its running batch but not
-#: the idle conversations. A run takes about an hour on 2 CPU cores; the first turns (which
-#: no tier can help) are its warm-up. Its no-reuse pair plays 7 waves of 8 first turns on
-#: each worker (one warm-up, six measured; an odd count keeps the alternation balanced);
-#: the quick run's plays 3.
-FULL = Spec(
-    conversations=24, active=24, clients=8, warmup=24, max_requests=0,
-    l1_tokens=9216, small_l2_tokens=2048, small_nas_tokens=8192,
-    restore_lengths=(1000, 4000, 7000), no_reuse_requests=56,
-)  # fmt: skip
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; pick from {sorted(WORKLOADS)}")
 
 
 @dataclass
 class ConfigRun:
-    """One configuration's results."""
+    """One configuration's measured turns."""
 
     name: str
     summary: Summary
@@ -107,167 +91,150 @@ class ConfigRun:
 
 
 class Compare:
-    """Runs the comparison on :class:`stack.Services`; ``kv_bytes`` is the model's KV per token."""
+    """One workload's comparison on :class:`stack.Services`; ``kv_bytes`` is the model's KV
+    per token."""
 
     def __init__(self, svc: stack.Services, spec: Spec, kv_bytes: int, log_dir: Path) -> None:
-        self.svc = svc
-        self.spec = spec
-        self.kv_bytes = kv_bytes
-        self.log_dir = log_dir
-        self.workload = conversations(spec.conversations, spec.shape, spec.seed)
-        fresh = conversations(spec.no_reuse_requests, spec.shape, spec.seed + 1)
-        self.no_reuse = [replace(c, turns=c.turns[:1]) for c in fresh]
-        self._sites: list[stack.Site] = []
+        self.svc, self.spec, self.kv_bytes = svc, spec, kv_bytes
+        self.log_dir = log_dir / spec.workload
+        drawn = conversations(spec.conversations, spec.shape, spec.seed)
+        self.workload = drawn[: sizing.primed(drawn, spec.clients, 1, spec.idle_over_pool)]
+        self.measured = spec.measured
+        self.pool_tokens = sizing.pool_tokens(self.workload, spec.clients, range(1, 2))
+        #: the KV namespace of every request (the gateway's team is given it too)
+        self.salt = f"bench-{spec.workload}-{spec.seed}"
+        self.primed: list[History] = []
+        self.first_turns: Summary | None = None
+        self._primed_site: stack.Site | None = None
+        self._last_turn = 1
+
+    # --- sizes ---------------------------------------------------------------------------
+    def idle_tokens(self) -> int:
+        """KV of the primed histories not in flight (the ``clients`` largest are)."""
+        sizes = sorted(c.tokens(1) for c in self.workload)
+        return sum(sizes[: -self.spec.clients])
+
+    def served_idle_tokens(self) -> int:
+        """:meth:`idle_tokens` as the server counted the primed histories (after priming)."""
+        sizes = sorted(h.kv_tokens for h in self.primed)
+        return sum(sizes[: -self.spec.clients])
 
     def working_set_tokens(self) -> int:
-        """Tokens of KV the played histories add up to (answers at their asked length).
+        """KV of every primed history."""
+        return sum(c.tokens(1) for c in self.workload)
 
-        The turns reached are those of the round-robin order with ``max_requests`` applied;
-        this is the KV that would have to stay resident for no turn to recompute.
-        """
-        s = self.spec
-        pending = deque(self.workload)
-        ready = deque(pending.popleft() for _ in range(min(s.active, len(pending))))
-        reached: dict[str, int] = {}
-        issued = 0
-        while ready and (not s.max_requests or issued < s.max_requests):
-            conv = ready.popleft()
-            reached[conv.cid] = reached.get(conv.cid, 0) + 1
-            issued += 1
-            if reached[conv.cid] < len(conv.turns):
-                ready.append(conv)
-            elif pending:
-                ready.append(pending.popleft())
-        return sum(c.tokens(reached[c.cid]) for c in self.workload if c.cid in reached)
+    def resize(self, measured: int) -> None:
+        """Play ``measured`` follow-up turns per configuration (round-robin from the primed
+        histories); the pool grows to hold the largest request they reach."""
+        self.measured = measured
+        last = 1 + max(0, measured - 1) // len(self.workload)
+        self.pool_tokens = sizing.pool_tokens(self.workload, self.spec.clients, range(1, last + 1))
+        self._last_turn = last
 
-    def site(self, name: str, **settings: object) -> stack.Site:
-        """A fresh site whose workers have the run's L1 pool (unless ``settings`` say)."""
-        pool = {"worker_kv_pool_bytes": self.spec.l1_tokens * self.kv_bytes}
-        site = stack.new_site(self.svc, name, **(pool | settings))
-        self._sites.append(site)
-        return site
+    # --- priming ---------------------------------------------------------------------------
+    def prime_and_host(self) -> ConfigRun:
+        """Prime on the ``host`` worker (first turns, reported as :attr:`first_turns`),
+        keep a copy of its NAS and ledger as the primed site, then play ``host``'s measured
+        turns on it."""
+        room = int(self.working_set_tokens() * HOST_ALL_SLACK) + self.pool_tokens
+        site = self._site("host", tier_host_bytes=room * self.kv_bytes)
+        with stack.worker("host", "host,nas", site, self.log_dir / "host") as url:
+            self.primed = [History(c) for c in self.workload]
+            n = len(self.primed)
+            plan = Plan(self.spec.clients, n, 0, n)
+            results = asyncio.run(run(self._target(url), self.primed, plan))
+            if errors := [r.error for r in results if r.error]:
+                raise RuntimeError(f"priming failed: {errors[0]}")
+            self.first_turns = summarize(results)
+            asyncio.run(noreuse.drained(url))
+            # frozen here: host's own measured turns must not leave pages the others find
+            self._primed_site = stack.snapshot(self.svc, site, f"{self.spec.workload}_primed")
+            return self._play("host", self._target(url))
 
-    def _drop_nas(self) -> None:
-        """Delete the NAS directories of the sites used so far: a full run's working set is
-        gigabytes per configuration, and no later configuration reads another's pages."""
-        for site in self._sites:
-            shutil.rmtree(site.nas, ignore_errors=True)
-        self._sites.clear()
-
-    def plan(self) -> Plan:
-        s = self.spec
-        return Plan(s.clients, s.active, s.warmup, s.max_requests)
-
-    def run_all(
-        self, only: tuple[str, ...] = CONFIGS
-    ) -> tuple[dict[str, ConfigRun], dict, dict[str, str]]:
-        """Every configuration in ``only``, then the no-reuse pair.
-
-        Returns (runs, no-reuse figures, failures): a configuration that cannot start is
-        reported with its reason and the others still run, since one run takes many minutes.
-        """
-        runs: dict[str, ConfigRun] = {}
-        no_reuse: dict[str, dict] = {}
-        failures: dict[str, str] = {}
-        for name in only:
-            click.echo(f"--- {name}", err=True)
-            try:
-                with self._serving(name) as (target, headers_for):
-                    runs[name] = self._play(name, target, self.workload, self.plan(), headers_for)
-            except (stack.PartError, OSError, RuntimeError) as exc:
-                failures[name] = str(exc)
-                click.echo(f"{name} failed: {exc}", err=True)
-                continue
-            finally:
-                self._drop_nas()
-            s = runs[name].summary
-            click.echo(
-                f"{name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
-                f"cached {s.cached_ratio:.0%}, errors {s.errors}",
-                err=True,
-            )
-        if self.no_reuse:
-            click.echo("--- no reuse, tiering off vs on, interleaved", err=True)
-            try:
-                no_reuse = self._no_reuse_pair()
-            except (stack.PartError, OSError, RuntimeError, ValueError, httpx.HTTPError) as exc:
-                failures["no_reuse"] = str(exc)
-                click.echo(f"no reuse failed: {exc}", err=True)
-        return runs, no_reuse, failures
-
-    def no_reuse_l1_tokens(self) -> int:
-        """An L1 that holds the largest wave of the no-reuse pair whole.
-
-        With less, a wave's requests preempt one another, and a preempted request's pages
-        come back from host RAM when tiering is on but are recomputed when it is off: the
-        pair would measure that help, not the price of tiering when it cannot help. Older
-        waves' pages are still evicted to make room (with tiering, each request's pages
-        went down when it ended).
-        """
-        waves = noreuse.waves(self.no_reuse, self.spec.clients)
-        return max(sum(c.tokens(1) + NO_REUSE_SLACK_TOKENS for c in wave) for wave in waves)
-
-    def _no_reuse_pair(self) -> dict[str, dict]:
-        """Both no-reuse workers side by side, played in interleaved waves (see
-        :mod:`kvgate.bench.multiturn.noreuse`)."""
-        every_tier = "host,nas,object" if self.svc.s3 is not None else "host,nas"
-        sizes = {
-            "tier_host_bytes": self.spec.small_l2_tokens * self.kv_bytes,
-            "worker_kv_pool_bytes": self.no_reuse_l1_tokens() * self.kv_bytes,
-        }
-        logs = self.log_dir / "no-reuse"
-        with contextlib.ExitStack() as workers:
-            sides = []
-            for label, tiers in (("off", ""), ("on", every_tier)):
-                site = self.site(f"noreuse_{label}", **sizes)
-                url = workers.enter_context(stack.worker(f"noreuse-{label}", tiers, site, logs))
-                sides.append(noreuse.Side(label, url, tiered=bool(tiers)))
-            return noreuse.play((sides[0], sides[1]), self.no_reuse, self.spec.clients)
+    # --- one configuration -----------------------------------------------------------------
+    def play(self, name: str) -> ConfigRun:
+        """``name``'s measured turns (``host`` is played by :meth:`prime_and_host`)."""
+        with self._serving(name) as (target, headers_for):
+            return self._play(name, target, headers_for)
 
     def _play(
         self,
         name: str,
         target: Target,
-        convs: list[Conversation],
-        plan: Plan,
         headers_for: Callable[[str, int], dict[str, str]] | None = None,
     ) -> ConfigRun:
+        histories = [h.copy() for h in self.primed]
+        plan = Plan(self.spec.clients, len(histories), 0, self.measured)
         start = time.perf_counter()
-        results = asyncio.run(run(target, convs, plan, headers_for=headers_for))
+        results = asyncio.run(run(target, histories, plan, headers_for=headers_for))
         return ConfigRun(name, summarize(results), results, time.perf_counter() - start)
+
+    def _target(self, url: str) -> Target:
+        return Target(url, cache_salt=self.salt)
+
+    def _site(self, name: str, **settings: object) -> stack.Site:
+        pool = {"worker_kv_pool_bytes": self.pool_tokens * self.kv_bytes}
+        return stack.new_site(self.svc, f"{self.spec.workload}_{name}", **(pool | settings))
+
+    def _from_primed(self, name: str, **settings: object) -> stack.Site:
+        """A copy of the primed site with ``settings`` (env names without ``KVGATE_``)."""
+        if self._primed_site is None:
+            raise RuntimeError(f"{name} starts from the primed NAS: run host first")
+        site = stack.snapshot(self.svc, self._primed_site, f"{self.spec.workload}_{name}")
+        env = {f"KVGATE_{k.upper()}": str(v) for k, v in settings.items()}
+        return replace(site, env=site.env | env)
 
     @contextlib.contextmanager
     def _serving(self, name: str) -> Iterator[tuple[Target, Callable | None]]:
-        small_l2 = self.spec.small_l2_tokens * self.kv_bytes
         logs = self.log_dir / name
+        small_l2 = self.spec.small_l2_tokens * self.kv_bytes
         if name == "recompute":
-            with stack.worker(name, "", self.site(name), logs) as url:
-                yield Target(url), None
-        elif name == "host":
-            room = int(self.working_set_tokens() * HOST_ALL_SLACK) + self.spec.l1_tokens
-            site = self.site(name, tier_host_bytes=room * self.kv_bytes)
-            with stack.worker(name, "host", site, logs) as url:
-                yield Target(url), None
+            with stack.worker(name, "", self._site(name), logs) as url:
+                yield self._target(url), None
+        elif name == "infinite":
+            pool = sizing.infinite_pool_tokens(
+                self.workload, self.primed, self.spec.clients, self._last_turn
+            )
+            site = self._from_primed(
+                name, worker_kv_pool_bytes=pool * self.kv_bytes, tier_host_bytes=0,
+                tier_write_through="false",
+            )  # fmt: skip
+            with stack.worker(name, "host,nas", site, logs) as url:
+                self._bring_in(url)
+                yield self._target(url), None
         elif name == "nas":
-            with stack.worker(name, "host,nas", self.site(name, tier_host_bytes=small_l2), logs) as url:  # fmt: skip
-                yield Target(url), None
+            site = self._from_primed(name, tier_host_bytes=small_l2)
+            with stack.worker(name, "host,nas", site, logs) as url:
+                yield self._target(url), None
         elif name == "object":
             nas = self.spec.small_nas_tokens * self.kv_bytes
-            site = self.site(
+            site = self._from_primed(
                 name, tier_host_bytes=small_l2, tier_nas_high_bytes=nas,
                 tier_nas_low_bytes=nas // 2, tierd_interval_s=1.0,
             )  # fmt: skip
+            restore.demote_everything(site, logs)
             with stack.tierd(site, logs), stack.worker(name, "host,nas,object", site, logs) as url:
-                yield Target(url), None
+                yield self._target(url), None
         elif name == "gateway_shared":
             with self._gateway_shared(small_l2, logs) as served:
                 yield served
         else:
             raise click.UsageError(f"unknown configuration {name!r}; pick from {CONFIGS}")
 
+    def _bring_in(self, url: str) -> None:
+        """Restore every primed history into ``infinite``'s pool from the NAS, untimed: each
+        is sent once more with a one-word message and a one-token answer."""
+        asks = [h.copy() for h in self.primed]
+        for h in asks:
+            h.conv = replace(h.conv, turns=(*h.conv.turns[: h.next_turn], _ONE_WORD))
+        plan = Plan(self.spec.clients, len(asks), 0, 0)
+        results = asyncio.run(run(self._target(url), asks, plan))
+        if errors := [r.error for r in results if r.error]:
+            raise RuntimeError(f"bringing the histories into infinite failed: {errors[0]}")
+
     @contextlib.contextmanager
     def _gateway_shared(self, small_l2: int, logs: Path) -> Iterator[tuple[Target, Callable]]:
-        site = self.site("gateway_shared", tier_host_bytes=small_l2)
+        site = self._from_primed("gateway_shared", tier_host_bytes=small_l2)
         cores = max(1, (os.cpu_count() or 1) // len(GATEWAY_WORKERS))
         site = replace(site, env=site.env | {"OMP_NUM_THREADS": str(cores)})
         model = load_settings().worker_model or DEFAULT_MODEL  # the id the workers serve
@@ -277,8 +244,12 @@ class Compare:
                     stack.registered_worker(wid, "host,nas,object", model, site, logs)
                 )
             with stack.gateway(site, logs) as url:
-                target = Target(url, api_key=stack.api_key(site), model=model)
+                target = Target(url, api_key=stack.api_key(site, self.salt), model=model)
                 yield target, alternating_sessions(model, GATEWAY_WORKERS)
+
+
+#: the turn that brings a history into ``infinite``'s pool
+_ONE_WORD = Turn("thanks", 1)
 
 
 def alternating_sessions(model: str, worker_ids: tuple[str, ...]) -> Callable:

@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -56,6 +56,8 @@ class Target:
     api_key: str = ""
     model: str = ""
     timeout_s: float = 1800.0
+    #: the ``cache_salt`` to send (a worker's KV namespace); a gateway sets its own
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,17 +75,29 @@ class Plan:
     temperature: float = 0.0
 
 
-class _Play:
-    """A conversation in progress: its history so far and the next turn."""
+class History:
+    """A conversation in progress: its messages so far (with the server's real answers)
+    and the next turn. :func:`run` moves it on; :meth:`copy` lets several servers go on
+    from the same point (the comparison plays every configuration from one priming)."""
 
     def __init__(self, conv: Conversation) -> None:
         self.conv = conv
         self.messages: list[dict[str, str]] = [{"role": "system", "content": conv.system}]
         self.next_turn = 0
+        #: KV tokens of the history as the server counted them (prompt and answer of the
+        #: last turn played; 0 before the first)
+        self.kv_tokens = 0
 
     @property
     def done(self) -> bool:
         return self.next_turn >= len(self.conv.turns)
+
+    def copy(self) -> History:
+        """An independent copy at the same point."""
+        other = History(self.conv)
+        other.messages, other.next_turn = list(self.messages), self.next_turn
+        other.kv_tokens = self.kv_tokens
+        return other
 
 
 async def model_of(client: httpx.AsyncClient, target: Target) -> str:
@@ -97,20 +111,25 @@ async def model_of(client: httpx.AsyncClient, target: Target) -> str:
 
 async def run(
     target: Target,
-    conversations: list[Conversation],
+    conversations: Sequence[Conversation | History],
     plan: Plan,
     *,
     headers_for: HeadersFor | None = None,
     progress: bool = True,
 ) -> list[Result]:
-    """Play ``conversations`` per ``plan``; one :class:`Result` per request, in issue order."""
+    """Play ``conversations`` per ``plan``; one :class:`Result` per request, in issue order.
+
+    A :class:`History` goes on from where it is (and is moved on in place); a
+    :class:`Conversation` starts from its first turn.
+    """
     if plan.clients < 1 or plan.active < 1:
         raise ValueError("clients and active conversations must be at least 1")
-    pending = deque(_Play(c) for c in conversations)
-    ready: deque[_Play] = deque()
+    plays = [c if isinstance(c, History) else History(c) for c in conversations]
+    pending = deque(p for p in plays if not p.done)
+    ready: deque[History] = deque()
     for _ in range(min(plan.active, len(pending))):
         ready.append(pending.popleft())
-    total = sum(len(c.turns) for c in conversations)
+    total = sum(len(p.conv.turns) - p.next_turn for p in plays)
     if plan.max_requests:
         total = min(total, plan.max_requests)
     results: list[Result] = []
@@ -121,7 +140,7 @@ async def run(
     async with httpx.AsyncClient(timeout=target.timeout_s, limits=limits) as client:
         model = await model_of(client, target)
 
-        async def take() -> _Play | None:
+        async def take() -> History | None:
             nonlocal in_flight
             async with wake:
                 while True:
@@ -134,7 +153,7 @@ async def run(
                         return None
                     await wake.wait()
 
-        async def give_back(play: _Play) -> None:
+        async def give_back(play: History) -> None:
             nonlocal in_flight
             async with wake:
                 in_flight -= 1
@@ -167,7 +186,7 @@ async def _turn(
     client: httpx.AsyncClient,
     target: Target,
     model: str,
-    play: _Play,
+    play: History,
     plan: Plan,
     result: Result,
     headers: dict[str, str],
@@ -182,6 +201,7 @@ async def _turn(
     # The conversation goes on with whatever came back, as a user would read it.
     play.messages = [*messages, {"role": "assistant", "content": answer}]
     play.next_turn += 1
+    play.kv_tokens = result.prompt_tokens + result.output_tokens
 
 
 def chat_body(

@@ -20,19 +20,25 @@ would measure that help instead of the cost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import click
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvgate.bench.multiturn import stack
 from kvgate.bench.multiturn.driver import Plan, Result, Target, run
 from kvgate.bench.multiturn.metrics import Summary, summarize
 from kvgate.bench.multiturn.workload import Conversation
 from protocol.metric_names import TIER_WRITE_QUEUE
 
+#: per request of a wave, tokens beyond its words: the chat template's role markers, the
+#: last partial page, the page of headroom admission keeps per request
+SLACK_TOKENS = 64
 #: how long a wave's write-behind may take to empty before the run gives up on it
 DRAIN_TIMEOUT_S = 300.0
 DRAIN_POLL_S = 0.02
@@ -85,7 +91,7 @@ def write_queue(metrics_text: str) -> float:
     raise ValueError(f"the worker's /metrics has no {TIER_WRITE_QUEUE}: is it tiered?")
 
 
-async def _drained(url: str) -> None:
+async def drained(url: str) -> None:
     """Return once the worker at ``url`` has written behind everything it was given."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     async with httpx.AsyncClient(timeout=10.0) as client:
@@ -104,7 +110,7 @@ async def _wave(side: Side, convs: list[Conversation], warmup: bool) -> list[Res
     plan = Plan(clients=clients, active=clients, warmup=clients if warmup else 0)
     results = await run(Target(side.url), convs, plan, progress=False)
     if side.tiered:
-        await _drained(side.url)
+        await drained(side.url)
     return results
 
 
@@ -128,3 +134,38 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
         summary: Summary = summarize(results[s.label], seconds=sum(seconds[s.label][1:]))
         out[s.label] = summary.as_dict() | {"wave_seconds": seconds[s.label]}
     return out
+
+
+def l1_tokens(convs: Sequence[Conversation], clients: int) -> int:
+    """An L1 that holds the largest wave whole.
+
+    With less, a wave's requests preempt one another, and a preempted request's pages come
+    back from host RAM when tiering is on but are recomputed when it is off: the pair would
+    measure that help, not the price of tiering when it cannot help. Older waves' pages are
+    still evicted to make room (with tiering, each request's pages went down when it ended).
+    """
+    return max(sum(c.tokens(1) + SLACK_TOKENS for c in wave) for wave in waves(convs, clients))
+
+
+def play_pair(
+    svc: stack.Services, convs: Sequence[Conversation], clients: int, kv_bytes: int, log_dir: Path
+) -> tuple[dict[str, dict], str, int]:
+    """Both workers side by side on fresh sites, ``convs``' first turns played in
+    interleaved waves of ``clients``; returns (figures, failure or "", the L1 in tokens)."""
+    click.echo("--- no reuse, tiering off vs on, interleaved", err=True)
+    first = [replace(c, turns=c.turns[:1]) for c in convs]
+    l1 = l1_tokens(first, clients)
+    every_tier = "host,nas,object" if svc.s3 is not None else "host,nas"
+    sizes = {"tier_host_bytes": l1 * kv_bytes, "worker_kv_pool_bytes": l1 * kv_bytes}
+    logs = log_dir / "no-reuse"
+    try:
+        with contextlib.ExitStack() as workers:
+            sides = []
+            for label, tiers in (("off", ""), ("on", every_tier)):
+                site = stack.new_site(svc, f"noreuse_{label}", **sizes)
+                url = workers.enter_context(stack.worker(f"noreuse-{label}", tiers, site, logs))
+                sides.append(Side(label, url, tiered=bool(tiers)))
+            return play((sides[0], sides[1]), first, clients), "", l1
+    except (stack.PartError, OSError, RuntimeError, ValueError, httpx.HTTPError) as exc:
+        click.echo(f"no reuse failed: {exc}", err=True)
+        return {}, str(exc), l1

@@ -52,6 +52,16 @@ REPEATS = 5
 DRAIN_TIMEOUT_S = 300.0
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """Asks per source: the restores, and the recompute (a quick run on a slow machine asks
+    it once: at 4k tokens it is a minute of prefill, and no other figure depends on its
+    median)."""
+
+    restore: int = REPEATS
+    recompute: int = REPEATS
+
+
 @dataclass
 class Sample:
     """One measured turn."""
@@ -89,7 +99,7 @@ async def _ask(url: str, messages: list[dict[str, str]]) -> Sample:
         return Sample.of(result)
 
 
-def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, log_dir: Path) -> dict[str, Sample]:  # fmt: skip
+def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, log_dir: Path, repeats: Repeats) -> dict[str, Sample]:  # fmt: skip
     """The samples of each source in :data:`SOURCES` for a history of ``length`` tokens."""
     page = 16
     pool_tokens = -(-(length + POOL_SLACK_TOKENS) // page) * page
@@ -110,13 +120,13 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
     write_back = replace(site, env={**site.env, "KVGATE_TIER_WRITE_THROUGH": "false"})
     with stack.worker("restore-a", tiers, write_back, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["recompute"] = _typical(url, history, flush=True)
+        out["recompute"] = _typical(url, history, flush=True, n=repeats.recompute)
         if out["recompute"].cached_tokens:
             raise RuntimeError(
                 f"the recompute turn found {out['recompute'].cached_tokens} tokens cached "
                 f"({out['recompute'].cached_by_tier}): it would time a restore, not a prefill"
             )
-        out["resident"] = _typical(url, history, flush=False)
+        out["resident"] = _typical(url, history, flush=False, n=repeats.restore)
         # A prompt that needs every page of the pool evicts the whole history (a page left
         # in L1 would be missing from the NAS, and a prefix that misses its first page is
         # no prefix): L2 now, the NAS once written behind.
@@ -125,24 +135,24 @@ def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, l
         _wait_for_nas(site, out["recompute"].prompt_tokens // page)
         # Flushing drops the evicting prompt's pages (no offload), so the turn is charged
         # for fetching from host RAM only, not for first evicting a pool's worth of other KV.
-        out["host"] = _typical(url, history, flush=True)
+        out["host"] = _typical(url, history, flush=True, n=repeats.restore)
     no_l2 = replace(site, env={**site.env, "KVGATE_TIER_HOST_BYTES": "0"})
     with stack.worker("restore-b", tiers, no_l2, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["nas"] = _typical(url, history, flush=True)
+        out["nas"] = _typical(url, history, flush=True, n=repeats.restore)
     if svc.s3 is None:  # a run without an object store: L4 is not measured
         return out
     demote_everything(site, logs)
     with stack.worker("restore-c", TIERS, no_l2, logs) as url:
         asyncio.run(_ask(url, _WARM_UP))
-        out["object"] = _typical(url, history, flush=True)
+        out["object"] = _typical(url, history, flush=True, n=repeats.restore)
     return out
 
 
-def _typical(url: str, messages: list[dict[str, str]], *, flush: bool) -> Sample:
-    """The median of :data:`REPEATS` asks, each after flushing L1 when ``flush``."""
+def _typical(url: str, messages: list[dict[str, str]], *, flush: bool, n: int) -> Sample:
+    """The median of ``n`` asks, each after flushing L1 when ``flush``."""
     samples = []
-    for _ in range(REPEATS):
+    for _ in range(n):
         if flush:
             httpx.post(f"{url}/flush_cache", timeout=60).raise_for_status()
         samples.append(asyncio.run(_ask(url, messages)))
@@ -175,10 +185,16 @@ def demote_everything(site: stack.Site, log_dir: Path) -> None:
 
 
 def measure(
-    svc: stack.Services, lengths: tuple[int, ...], kv_bytes: int, seed: int, log_dir: Path
+    svc: stack.Services,
+    lengths: tuple[int, ...],
+    kv_bytes: int,
+    seed: int,
+    log_dir: Path,
+    repeats: Repeats | None = None,
 ) -> dict[int, dict[str, dict]]:
     """``{length: {source: sample as a dict}}`` for every length."""
+    every = repeats or Repeats()
     return {
-        n: {k: asdict(v) for k, v in measure_length(svc, n, kv_bytes, seed, log_dir).items()}
+        n: {k: asdict(v) for k, v in measure_length(svc, n, kv_bytes, seed, log_dir, every).items()}
         for n in lengths
     }

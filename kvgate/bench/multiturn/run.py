@@ -1,4 +1,11 @@
-"""One ``kvgate bench multiturn --compare`` run, from starting the services to the written docs."""
+"""One ``kvgate bench multiturn --compare`` run, from starting the services to the written docs.
+
+Order: Postgres and SeaweedFS; a calibration worker times this machine
+(:mod:`kvgate.bench.multiturn.sizing`), from which a budgeted run sizes its measured turns
+(:mod:`kvgate.bench.multiturn.budget`); then each workload (``chat``, ``docqa``) is primed
+and played in every configuration (:mod:`kvgate.bench.multiturn.compare`); then the
+restore turns and the no-reuse pair.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +15,16 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import click
 
+from kvgate.bench.multiturn import budget, sizing
 from kvgate.bench.multiturn import restore as restore_pair
 from kvgate.bench.multiturn import stack as bench_stack
-from kvgate.bench.multiturn.compare import CONFIGS, FULL, OBJECT_CONFIGS, QUICK, Compare
+from kvgate.bench.multiturn.compare import CONFIGS, OBJECT_CONFIGS, Compare, Spec
 from kvgate.bench.multiturn.docs import provenance, write_docs
 from kvgate.bench.multiturn.environment import (
     DOCS,
@@ -24,81 +33,127 @@ from kvgate.bench.multiturn.environment import (
     run_dir,
     served_model,
 )
-from kvgate.bench.multiturn.noreuse import wave_count
-from kvgate.bench.multiturn.report import markdown_table, physics, plots, verdicts
-from kvgate.bench.multiturn.workload import Shape
+from kvgate.bench.multiturn.noreuse import play_pair, wave_count
+from kvgate.bench.multiturn.report import figures, markdown_table, physics, plots, verdicts
+from kvgate.bench.multiturn.workload import WORKLOADS, conversations
 from kvgate.bench.output import source_commit
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole comparison: its workloads, the restore turns, the no-reuse pair, the budget."""
+
+    workloads: tuple[Spec, ...]
+    restore_lengths: tuple[int, ...]
+    restore_repeats: restore_pair.Repeats
+    #: first turns of fresh chat conversations per side, in waves of ``no_reuse_clients``
+    no_reuse_requests: int
+    no_reuse_clients: int
+    #: seconds the whole run may take (0: no budget, every spec's ``measured`` as given)
+    budget_s: float
+
+
+def _chat(**kw: Any) -> Spec:
+    return Spec(workload="chat", shape=WORKLOADS["chat"], **kw)
+
+
+def _docqa(**kw: Any) -> Spec:
+    return Spec(workload="docqa", shape=WORKLOADS["docqa"], **kw)
+
+
+#: The quick run: 15 minutes on a 2-core machine of 70 GFLOP/s. The idle conversations add
+#: up to 3x the pool; the measured turns are what the budget leaves (at least one per client).
+QUICK = RunSpec(
+    workloads=(
+        _chat(clients=2, conversations=64, idle_over_pool=3, measured=8,
+              small_l2_tokens=1024, small_nas_tokens=4096),
+        _docqa(clients=1, conversations=32, idle_over_pool=1.5, measured=4,
+               small_l2_tokens=1024, small_nas_tokens=4096),
+    ),
+    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=3, recompute=1),
+    no_reuse_requests=3, no_reuse_clients=1, budget_s=900,
+)  # fmt: skip
+#: The full run: idle conversations 8x the pool, 8 chat clients, every conversation played
+#: one measured turn; about an hour and more on 2 CPU cores.
+FULL = RunSpec(
+    workloads=(
+        _chat(clients=8, conversations=200, idle_over_pool=8, measured=10_000,
+              small_l2_tokens=2048, small_nas_tokens=8192),
+        _docqa(clients=2, conversations=100, idle_over_pool=8, measured=10_000,
+               small_l2_tokens=2048, small_nas_tokens=8192),
+    ),
+    restore_lengths=(1000, 4000, 7000), restore_repeats=restore_pair.Repeats(),
+    no_reuse_requests=56, no_reuse_clients=8, budget_s=0,
+)  # fmt: skip
 
 
 def compare_run(
     *,
     quick: bool,
     configs: str,
-    shape: Shape,
+    workloads: tuple[str, ...],
     seed: int,
     overrides: dict[str, int] | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
     """Run the comparison, write its outputs under docs/benchmarks/, return the figures.
 
-    ``overrides`` replace sizes of the quick or full spec; ``name`` is the output stem
-    (default ``multiturn_quick`` or ``multiturn``).
+    ``overrides`` (``clients``, ``conversations``, ``measured``, ``no_reuse_requests``,
+    ``budget_s``) replace sizes of the quick or full spec (a given ``measured`` turns the
+    budget off);
+    ``name`` is the output stem (default ``multiturn_quick`` or ``multiturn``).
     """
-    spec = replace(QUICK if quick else FULL, shape=shape, seed=seed, **(overrides or {}))
+    spec = QUICK if quick else FULL
+    over = dict(overrides or {})
+    for key in ("no_reuse_requests", "budget_s"):
+        if key in over:
+            spec = replace(spec, **{key: over.pop(key)})
+    if "measured" in over:
+        spec = replace(spec, budget_s=0)
+    specs = [replace(w, seed=seed, **over) for w in spec.workloads if w.workload in workloads]
     only = tuple(c for c in configs.split(",") if c) or CONFIGS
     if unknown := set(only) - set(CONFIGS):
         raise click.UsageError(f"unknown configurations {sorted(unknown)}; pick from {CONFIGS}")
     if spec.no_reuse_requests:
         try:
-            wave_count(spec.no_reuse_requests, spec.clients)
+            wave_count(spec.no_reuse_requests, spec.no_reuse_clients)
         except ValueError as exc:
             raise click.UsageError(f"--no-reuse-requests: {exc}; or 0 to skip it") from exc
     kv = kv_bytes_per_token()
-    with_s3 = bool(OBJECT_CONFIGS & set(only))
-    # SIGTERM (a time limit, a supervisor) unwinds like Ctrl-C: every worker, Postgres and
-    # SeaweedFS this run started is stopped by the blocks that started it.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds like Ctrl-C: every part stops
     root = run_dir()
     click.echo(f"services, logs and NAS under {root}", err=True)
     started = time.perf_counter()
     data: dict[str, Any] = {
         "run": "quick" if quick else "full",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": source_commit(),
         "machine": machine(),
-        "spec": asdict(spec),
+        "spec": spec_dict(spec, specs),
         "configs_run": list(only),
         "kv_bytes_per_token": kv,
         **served_model(),
-        "object_store": with_s3,
+        "object_store": bool(OBJECT_CONFIGS & set(only)),
+        "failures": {},
+        "workloads": {},
+        "phase_seconds": {},
     }
-    with bench_stack.services(root, with_s3=with_s3) as svc:
-        compare = Compare(svc, spec, kv, root / "logs")
-        data["working_set_tokens"] = compare.working_set_tokens()
-        data["working_set_over_l1"] = data["working_set_tokens"] / spec.l1_tokens
-        runs, no_reuse, failures = compare.run_all(only)
-        data["failures"] = failures
-        data["configs"] = {name: r.summary.as_dict() for name, r in runs.items()}
-        data["config_seconds"] = {name: r.seconds for name, r in runs.items()}
-        data["no_reuse"] = no_reuse
-        if spec.no_reuse_requests:
-            data["no_reuse_l1_tokens"] = compare.no_reuse_l1_tokens()
-        click.echo("--- restore vs resident", err=True)
-        try:
-            restore = restore_pair.measure(svc, spec.restore_lengths, kv, seed, root / "logs")
-        except (
-            bench_stack.PartError,
-            OSError,
-            RuntimeError,
-            subprocess.CalledProcessError,
-        ) as exc:
-            failures["restore"] = str(exc)
-            click.echo(f"restore failed: {exc}", err=True)
-            restore = {}
-        data["restore"] = {str(n): v for n, v in restore.items()}
+    with bench_stack.services(root, with_s3=data["object_store"]) as svc:
+        data["phase_seconds"]["services"] = time.perf_counter() - started
+        rates = _calibrate(svc, root, specs[0].clients if specs else 1)
+        data["calibration"] = rates.as_dict()
+        data["phase_seconds"]["calibration"] = time.perf_counter() - started
+        compares = {s.workload: Compare(svc, s, kv, root / "logs") for s in specs}
+        _size(spec, compares, rates, only, data)
+        for wl, compare in compares.items():
+            data["workloads"][wl] = _play_workload(compare, only, data)
+        chat = data["workloads"].get("chat", {})
+        data["configs"] = chat.get("configs", {})  # the chat figures, where they always were
+        _restore_and_no_reuse(svc, spec, kv, seed, root, data)
     for bulk in ("nas", "s3", "pg"):  # gigabytes of KV pages; the logs stay for reading
         shutil.rmtree(root / bulk, ignore_errors=True)
     data["machine"]["load_average_at_end"] = os.getloadavg()
-    data["seconds"] = time.perf_counter() - started
+    data["seconds"] = data["wall_s"] = time.perf_counter() - started
     data = rewrite(data, name)
     for key, v in data["targets"].items():
         value = "—" if v["value"] is None else f"{v['value']:.3f}"
@@ -108,17 +163,145 @@ def compare_run(
     return data
 
 
+def spec_dict(spec: RunSpec, specs: list[Spec]) -> dict[str, Any]:
+    """``spec`` for JSON, with the workloads played (``specs``) by name."""
+    out = asdict(spec)
+    out["workloads"] = {s.workload: asdict(s) for s in specs}
+    return out
+
+
+def _calibrate(svc: bench_stack.Services, root: Any, clients: int) -> sizing.Rates:
+    """Time this machine on a worker of its own (no tiers, the default pool)."""
+    click.echo("--- calibration", err=True)
+    site = bench_stack.new_site(svc, "calibrate")
+    start = time.perf_counter()
+    with bench_stack.worker("calibrate", "", site, root / "logs") as url:
+        started = time.perf_counter() - start
+        rates = sizing.calibrate(url, clients, started)
+    click.echo(f"calibration: {rates.as_dict()}", err=True)
+    return rates
+
+
+def _size(
+    spec: RunSpec,
+    compares: dict[str, Compare],
+    rates: sizing.Rates,
+    only: tuple[str, ...],
+    data: dict[str, Any],
+) -> None:
+    """Measured turns per workload from the budget (or the spec), and the prediction."""
+    costs = {wl: budget.costs(c, rates) for wl, c in compares.items()}
+    chat = compares.get("chat") or next(iter(compares.values()), None)
+    restore_s = budget.restore_s(
+        rates, spec.restore_lengths, spec.restore_repeats.restore, spec.restore_repeats.recompute
+    )
+    no_reuse_s = 0.0 if chat is None else budget.no_reuse_s(rates, chat, spec.no_reuse_requests)
+    fixed = data["phase_seconds"]["calibration"] + restore_s + no_reuse_s
+    if spec.budget_s:
+        sizes = budget.fit(spec.budget_s, fixed, {w: (compares[w], costs[w]) for w in compares}, only)  # fmt: skip
+    else:
+        sizes = {wl: min(c.spec.measured, len(c.workload)) for wl, c in compares.items()}
+    for wl, compare in compares.items():
+        compare.resize(sizes[wl])
+    data["budget"] = {
+        "budget_s": spec.budget_s,
+        "predicted_s": {
+            "fixed": fixed,
+            "restore": restore_s,
+            "no_reuse": no_reuse_s,
+            **{wl: costs[wl].priming_s + costs[wl].configs_s(sizes[wl], only) for wl in compares},
+        },
+        "measured_turns": sizes,
+    }
+
+
+def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]) -> dict:
+    """Prime ``compare``'s workload and play each configuration in ``only``."""
+    wl = compare.spec.workload
+    click.echo(f"=== {wl}: {len(compare.workload)} conversations, pool {compare.pool_tokens} tokens, "
+               f"{compare.measured} measured turns per configuration", err=True)  # fmt: skip
+    out: dict[str, Any] = {
+        "conversations": len(compare.workload),
+        "clients": compare.spec.clients,
+        "measured_turns": compare.measured,
+        "pool_tokens": compare.pool_tokens,
+        "working_set_tokens": compare.working_set_tokens(),
+        "idle_tokens": compare.idle_tokens(),
+        "idle_over_pool": compare.idle_tokens() / compare.pool_tokens,
+        "configs": {},
+        "config_seconds": {},
+    }
+    order = ["host", *(c for c in only if c != "host")]  # host primes
+    for name in order:
+        click.echo(f"--- {wl} {name}", err=True)
+        start = time.perf_counter()
+        try:
+            result = compare.prime_and_host() if name == "host" else compare.play(name)
+        except (bench_stack.PartError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            data["failures"][f"{wl}.{name}"] = str(exc)
+            click.echo(f"{wl} {name} failed: {exc}", err=True)
+            if name == "host":
+                break  # nothing primed: the others have nothing to start from
+            continue
+        out["config_seconds"][name] = time.perf_counter() - start
+        if name == "host" and compare.first_turns is not None:
+            out["first_turns"] = compare.first_turns.as_dict()
+            out["idle_tokens"] = compare.served_idle_tokens()  # as the server counted them
+            out["idle_over_pool"] = out["idle_tokens"] / compare.pool_tokens
+        if name in only:
+            out["configs"][name] = result.summary.as_dict()
+            s = result.summary
+            click.echo(f"{wl} {name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
+                       f"cached {s.cached_ratio:.0%}, errors {s.errors}", err=True)  # fmt: skip
+    out["configs"] = {c: out["configs"][c] for c in CONFIGS if c in out["configs"]}
+    return out
+
+
+def _restore_and_no_reuse(
+    svc: bench_stack.Services, spec: RunSpec, kv: int, seed: int, root: Any, data: dict
+) -> None:
+    start = time.perf_counter()
+    click.echo("--- restore vs resident", err=True)
+    try:
+        restore = restore_pair.measure(
+            svc, spec.restore_lengths, kv, seed, root / "logs", spec.restore_repeats
+        )
+    except (bench_stack.PartError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        data["failures"]["restore"] = str(exc)
+        click.echo(f"restore failed: {exc}", err=True)
+        restore = {}
+    data["restore"] = {str(n): v for n, v in restore.items()}
+    data["phase_seconds"]["restore"] = time.perf_counter() - start
+    if not spec.no_reuse_requests:
+        data["no_reuse"] = {}
+        return
+    start = time.perf_counter()
+    fresh = conversations(spec.no_reuse_requests, WORKLOADS["chat"], seed + 1)
+    data["no_reuse"], failure, l1 = play_pair(svc, fresh, spec.no_reuse_clients, kv, root / "logs")
+    data["no_reuse_l1_tokens"] = l1
+    if failure:
+        data["failures"]["no_reuse"] = failure
+    data["phase_seconds"]["no_reuse"] = time.perf_counter() - start
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
 def rewrite(data: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     """Verdicts and physics from ``data``'s measurements, then every output written again."""
+    data["figures"] = figures(data)
     data["targets"] = verdicts(data)
     data["physics"] = physics(data)
     data.update({k: v for k, v in data["targets"].items()})  # the target figures, top level
     _write(data, name or ("multiturn_quick" if data["run"] == "quick" else "multiturn"))
     return data
+
+
+def _full_run_stands(out: Path) -> bool:
+    """Whether ``out`` holds a full run measured the way this module measures."""
+    full = out / "multiturn.json"
+    return full.exists() and "workloads" in json.loads(full.read_text())
 
 
 #: output stem of the comparison run on a GPU, which docs/benchmarks.md shows beside the CPU one
@@ -127,14 +310,15 @@ GPU_STEM = "multiturn_cuda"
 
 def _write(data: dict[str, Any], stem: str) -> None:
     """JSON, table and plots under docs/benchmarks/; docs/benchmarks.md from a full run, or
-    from the quick run while no full run has been recorded, with the GPU run's section when
-    one is recorded. A run given its own ``--name`` leaves docs/benchmarks.md alone."""
+    from the quick run while no full run of this benchmark's shape (both workloads against
+    ``infinite``) has been recorded, with the GPU run's section when one is recorded. A run
+    given its own ``--name`` leaves docs/benchmarks.md alone."""
     out = DOCS / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     data["plots"] = [str(p.relative_to(DOCS)) for p in plots(data, out, stem)]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / f"{stem}.md").write_text(f"{provenance(data)}\n\n{markdown_table(data)}")
-    if stem == "multiturn" or (stem == "multiturn_quick" and not (out / "multiturn.json").exists()):
+    if stem == "multiturn" or (stem == "multiturn_quick" and not _full_run_stands(out)):
         gpu = out / f"{GPU_STEM}.json"
         write_docs(
             data, DOCS / "benchmarks.md", json.loads(gpu.read_text()) if gpu.exists() else None

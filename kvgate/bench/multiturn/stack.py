@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import os
+import shutil
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import asyncpg
@@ -86,6 +89,38 @@ def new_site(svc: Services, name: str, **settings: object) -> Site:
         }
     env |= {f"KVGATE_{k.upper()}": str(v) for k, v in settings.items()}
     return Site(dsn, nas, f"{tag}/", env)
+
+
+def snapshot(svc: Services, site: Site, name: str) -> Site:
+    """A fresh site that starts where ``site`` is: its ledger rows copied into a new
+    database, its NAS files hard-linked into a new directory (pages are written to a
+    temporary name and renamed, never changed in place, so the two never disturb each
+    other), a new S3 prefix, and ``site``'s other settings. A configuration played on it
+    finds the pages another primed, and writes none that a third would find."""
+    fresh = new_site(svc, name)
+    shutil.rmtree(fresh.nas)
+    shutil.copytree(site.nas, fresh.nas, copy_function=os.link)
+    asyncio.run(_copy_ledger(site.dsn, fresh.dsn))
+    own = ("DATABASE_URL", "KVGATE_NAS_PATH", "KVGATE_S3_PREFIX")
+    env = {k: v for k, v in site.env.items() if k not in own} | {
+        k: v for k, v in fresh.env.items() if k in own
+    }
+    return replace(fresh, env=env)
+
+
+async def _copy_ledger(source: str, target: str) -> None:
+    buffer = io.BytesIO()
+    conn = await asyncpg.connect(source)
+    try:
+        await conn.copy_from_table("kv_ledger", output=buffer, format="binary")
+    finally:
+        await conn.close()
+    buffer.seek(0)
+    conn = await asyncpg.connect(target)
+    try:
+        await conn.copy_to_table("kv_ledger", source=buffer, format="binary")
+    finally:
+        await conn.close()
 
 
 async def _fresh_database(server_dsn: str, name: str) -> str:
@@ -214,13 +249,19 @@ def gateway(site: Site, log_dir: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def api_key(site: Site) -> str:
-    """A new team and key on ``site``'s database; returns the key's secret."""
+def api_key(site: Site, cache_salt: str = "") -> str:
+    """A new team and key on ``site``'s database; returns the key's secret. With
+    ``cache_salt`` the team's requests use that KV namespace (the one pages were primed in
+    by requests sent to a worker directly)."""
 
     async def make() -> str:
         conn = await asyncpg.connect(site.dsn)
         try:
             team = await accounts.create_team(conn, f"bench-{uuid.uuid4().hex[:8]}")
+            if cache_salt:
+                await conn.execute(
+                    "UPDATE teams SET cache_salt = $1 WHERE id = $2", cache_salt, team.id
+                )
             return (await accounts.create_key(conn, team.name))[1]
         finally:
             await conn.close()

@@ -1,9 +1,11 @@
 """Seeded synthetic multi-turn conversations for ``kvgate bench multiturn``.
 
-The shape follows public multi-turn serving benchmarks: a system prompt shared by every
-conversation, a unique document in the first user turn (lognormal length), short user
-messages and answers whose length the server is told to hit exactly (``min_tokens`` =
-``max_tokens``). Text is drawn from the word list below with a seeded generator, so a seed
+Two named shapes (:data:`WORKLOADS`). ``chat`` follows public multi-turn serving
+benchmarks: a system prompt shared by every conversation, a unique document in the first
+user turn (lognormal length), short user messages and answers of 80-120 tokens. ``docqa``
+is the prefill-bound shape tiered-cache projects use for their headline figures: a
+document of 3-6k tokens, then questions of 50-100 tokens answered in 1-8 tokens. Answers
+are as long as the server is told to make them (``min_tokens`` = ``max_tokens``). Text is drawn from the word list below with a seeded generator, so a seed
 names the same workload on every machine; the answers are whatever the server says and
 are appended to the history by the driver.
 
@@ -53,6 +55,21 @@ class Shape:
     user_tokens: tuple[int, int] = (120, 160)
     answer_tokens: tuple[int, int] = (80, 120)
     turns: tuple[int, int] = (6, 9)
+    #: when set, the first-turn document is drawn uniformly from this range instead
+    unique_prefix_range: tuple[int, int] | None = None
+
+
+#: The named workloads of ``--workload``: ``chat`` is the shape every earlier figure used;
+#: ``docqa`` is a document of 3-6k tokens and 6-10 questions about it (the first one asked
+#: with the document), each answered in 1-8 tokens.
+WORKLOADS: dict[str, Shape] = {
+    "chat": Shape(),
+    "docqa": Shape(
+        common_prefix=64, unique_prefix_mean=4500, unique_prefix_max=6000,
+        user_tokens=(50, 100), answer_tokens=(1, 8), turns=(6, 10),
+        unique_prefix_range=(3000, 6000),
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,9 +114,12 @@ def conversations(count: int, shape: Shape = Shape(), seed: int = 0) -> list[Con
     out = []
     for i in range(count):
         rng = random.Random(f"conversation-{seed}-{i}")
-        n_unique = lognormal_tokens(
-            rng, shape.unique_prefix_mean, shape.unique_prefix_max, shape.unique_prefix_sigma
-        )
+        if shape.unique_prefix_range is not None:
+            n_unique = rng.randint(*shape.unique_prefix_range)
+        else:
+            n_unique = lognormal_tokens(
+                rng, shape.unique_prefix_mean, shape.unique_prefix_max, shape.unique_prefix_sigma
+            )
         turns = []
         for t in range(rng.randint(*shape.turns)):
             message = words(rng, rng.randint(*shape.user_tokens))

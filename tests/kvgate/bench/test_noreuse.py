@@ -68,7 +68,7 @@ def _store_events(url: str) -> dict[str, float]:
 def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
     tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drained = noreuse._drained
+    drained = noreuse.drained
     after_drain: list[tuple[str, float]] = []
 
     async def recorded(url: str) -> None:  # the real wait, then what the worker says
@@ -77,7 +77,7 @@ def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
             text = (await client.get(f"{url}/metrics")).text
         after_drain.append((url, write_queue(text)))
 
-    monkeypatch.setattr(noreuse, "_drained", recorded)
+    monkeypatch.setattr(noreuse, "drained", recorded)
     convs = conversations(6, FIRST_TURNS, seed=3)
     logs = tmp_path / "logs"
     host = {"KVGATE_TIER_HOST_BYTES": str(1 << 30)}
