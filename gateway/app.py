@@ -224,7 +224,9 @@ class Gateway:
         headers = rate_headers(who.plan, decision)
         if decision.reason == DEGRADED:
             self.metrics.degraded.labels("limits").inc()
-        call = Call(self, who, req, decision, request.scope["state"]["request_id"], started)
+        call = Call(
+            self, who, req, decision, request.scope["state"]["request_id"], started, endpoint
+        )
         if not decision.allowed:
             assert decision.reason is not None
             self.metrics.rate_limited.labels(decision.reason, who.plan.name).inc()

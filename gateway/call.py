@@ -50,8 +50,11 @@ class Call:
         decision: Decision,
         request_id: str,
         started: float,
+        endpoint: str,
     ) -> None:
         self.gw = gw
+        #: the gateway route the client called, the label of its request metrics
+        self.endpoint = endpoint
         self.who = who
         self.req = req
         self.decision = decision
@@ -237,9 +240,8 @@ class Call:
         if not self._recorded:
             self._recorded = True
             gw.usage.record(self._usage_row())
-        endpoint = PATHS[self.req.chat]
-        gw.metrics.requests.labels(endpoint, str(out.status), who.plan.name).inc()
-        gw.metrics.latency.labels(endpoint).observe(now - self.started)
+        gw.metrics.requests.labels(self.endpoint, str(out.status), who.plan.name).inc()
+        gw.metrics.latency.labels(self.endpoint).observe(now - self.started)
         if ttft is not None:
             gw.metrics.ttft.observe(ttft)
         gw.metrics.count_tokens(

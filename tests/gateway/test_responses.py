@@ -88,6 +88,20 @@ def _sent(rig: Rig, marker: str) -> dict[str, Any]:
     return next(b for b in reversed(bodies) if marker in b["messages"][-1]["content"])
 
 
+def _answered(rig: Rig, endpoint: str) -> float:
+    """How many answers with status 200 the gateway counts under ``endpoint``."""
+    text = httpx.get(rig.url + "/metrics").text
+    prefix = f'kvgate_gateway_requests_total{{endpoint="{endpoint}",plan="free",status="200"}}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_created_response_is_counted_under_its_own_route(rig: Rig) -> None:
+    before = _answered(rig, "/v1/responses"), _answered(rig, "/v1/chat/completions")
+    _client(rig, "EMPTY").responses.create(model=rig.model, input="hi", max_output_tokens=1)
+    after = _answered(rig, "/v1/responses"), _answered(rig, "/v1/chat/completions")
+    assert after == (before[0] + 1, before[1])
+
+
 @pytest.mark.parametrize("who", ["free tier", "team"])
 def test_sdk_creates_a_response_whole_and_streamed(rig: Rig, who: str) -> None:
     client = _client(rig, "EMPTY" if who == "free tier" else rig.key)
