@@ -72,16 +72,13 @@ def no_reuse_s(rates: Rates, compare: Compare, requests: int) -> float:
 
 
 def fit(
-    budget_s: float,
-    fixed_s: float,
-    workloads: dict[str, tuple[Compare, Costs]],
-    only: Sequence[str],
+    budget_s: float, fixed_s: float, workloads: dict[str, tuple[Compare, Costs, Sequence[str]]]
 ) -> dict[str, int]:
-    """Measured turns per workload: what is left of ``budget_s`` after ``fixed_s`` and the
-    primings, split evenly between the workloads; at least one turn per client, at most
-    one per primed conversation."""
+    """Measured turns per workload (played in its configurations): what is left of
+    ``budget_s`` after ``fixed_s`` and the primings, split evenly between the workloads; at
+    least one turn per client, at most one per primed conversation."""
     left = budget_s * (1 - MARGIN) - fixed_s
-    left -= sum(c.priming_s + c.configs_s(0, only) for _, c in workloads.values())
+    left -= sum(c.priming_s + c.configs_s(0, only) for _, c, only in workloads.values())
     share = left / max(1, len(workloads))
     return {
         name: measured_requests(
@@ -90,5 +87,5 @@ def fit(
             compare.spec.clients,
             len(compare.workload),
         )
-        for name, (compare, costs_) in workloads.items()
+        for name, (compare, costs_, only) in workloads.items()
     }

@@ -74,6 +74,8 @@ class Spec:
     small_nas_tokens: int
     seed: int = 0
     shape: Shape = field(default_factory=Shape)
+    #: the configurations this workload is played in (``--configs`` narrows them further)
+    configs: tuple[str, ...] = CONFIGS
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:

@@ -21,6 +21,7 @@ import httpx
 from tqdm import tqdm
 
 from kvgate.bench.multiturn.workload import Conversation
+from protocol.fields import CACHE_SALT_FIELDS
 
 #: Extra headers per (conversation id, turn index): how a run steers a gateway's routing.
 HeadersFor = Callable[[str, int], dict[str, str]]
@@ -236,6 +237,8 @@ async def send(
     bad request must not end a run that took minutes to set up.
     """
     body = chat_body(model, messages, answer_tokens, temperature)
+    if target.cache_salt:  # the fields a gateway would set (it overwrites them anyway)
+        body |= {name: target.cache_salt for name in CACHE_SALT_FIELDS}
     answer: list[str] = []
     result.start = time.perf_counter()
     try:

@@ -335,13 +335,18 @@ def test_histories_go_on_from_where_they_were_and_copies_go_on_alike(
     site = tiny_site(tmp_path, smollm2_gguf)
     primed = [History(c) for c in conversations(2, SMALL, seed=7)]
     with stack.worker("tiny", "", site, tmp_path / "logs") as url:
-        first = asyncio.run(run(Target(url), primed, Plan(2, 2, 0, 2), progress=False))
+        salted = Target(url, cache_salt="tenant-a")
+        first = asyncio.run(run(salted, primed, Plan(2, 2, 0, 2), progress=False))
         assert [(r.turn, r.error) for r in first] == [(0, ""), (0, "")]
         assert [h.next_turn for h in primed] == [1, 1]
         played = {r.cid: r.prompt_tokens + r.output_tokens for r in first}
         assert {h.conv.cid: h.kv_tokens for h in primed} == played
         copies = [[h.copy() for h in primed] for _ in range(2)]
-        plays = [asyncio.run(run(Target(url), c, Plan(2, 2, 0, 2), progress=False)) for c in copies]
+        plays = [asyncio.run(run(salted, c, Plan(1, 2, 0, 2), progress=False)) for c in copies]
+        other = Target(url, cache_salt="tenant-b")  # another namespace: nothing of a's
+        alone = asyncio.run(
+            run(other, [h.copy() for h in primed], Plan(1, 2, 0, 2), progress=False)
+        )
     for results in plays:  # each copy played the second turn, on the same history
         assert sorted((r.cid, r.turn) for r in results) == sorted((h.conv.cid, 1) for h in primed)
         assert {r.cid: r.prompt_tokens for r in results} == {
@@ -350,6 +355,10 @@ def test_histories_go_on_from_where_they_were_and_copies_go_on_alike(
     assert [h.next_turn for h in primed] == [1, 1]  # the originals stayed where they were
     held = {h.conv.cid: h.kv_tokens for h in primed}
     assert all(r.prompt_tokens > held[r.cid] for r in plays[0])  # history, then the message
+    # the salt reached the worker: its history was found under it, and only under it
+    assert all(r.cached_tokens >= held[r.cid] // 2 for r in plays[0])
+    assert alone[0].cached_tokens == 0  # b's second turn finds b's system prompt, no more
+    assert max(r.cached_tokens for r in alone) < min(held.values()) // 2
 
 
 def test_cli_drives_a_url_and_writes_json(tmp_path: Path, smollm2_gguf: Path) -> None:
