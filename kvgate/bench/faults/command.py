@@ -32,7 +32,7 @@ from kvgate.bench.multiturn.environment import kv_bytes_per_token
 from kvgate.bench.multiturn.workload import conversations
 from kvgate.bench.output import cpu_name, publish, source_commit
 from kvgate.bench.soak import SHAPE  # small conversations: what breaks, not throughput
-from kvgate.models.registry import DEFAULT_MODEL
+from kvgate.models.registry import served_model_id
 
 #: the longest a phase waits after its fault for the first success
 TAIL_MAX_S = 90.0
@@ -42,7 +42,8 @@ TAIL_MAX_S = 90.0
 class Spec:
     """How big a run is."""
 
-    model: str
+    #: KVGATE_WORKER_MODEL of the workers (None: the default model)
+    model: str | None
     conversations: int
     clients: int
     #: seconds of steady load before a fault, and at least after it
@@ -51,7 +52,7 @@ class Spec:
 
 
 QUICK = Spec("tiny-random", conversations=8, clients=4, lead_s=8.0, tail_s=12.0)
-FULL = Spec(DEFAULT_MODEL, conversations=12, clients=4, lead_s=15.0, tail_s=25.0)
+FULL = Spec(None, conversations=12, clients=4, lead_s=15.0, tail_s=25.0)
 
 
 def sizes_for(convs_tokens: int, kv_bytes: int) -> Sizes:
@@ -78,9 +79,10 @@ def run_phase(stack: FaultStack, load: Load, fault: Fault, spec: Spec) -> Phase:
     if fault.kills in GATEWAYS:
         phase.killed_gateway = stack.gateways[fault.kills].probe_url.rsplit("/", 1)[0]
     counters = stack.worker_counters()
+    phase.notes = fault.moment(stack) if fault.moment else {}
     phase.injected = time.monotonic()
     try:
-        phase.notes = fault.inject(stack)
+        phase.notes |= fault.inject(stack)
         if fault.held:
             time.sleep(HELD_S)  # the fault lasts this long
     finally:
@@ -176,7 +178,10 @@ def faults(quick: bool, model: str | None, only: str, hang_s: float, out: Path |
             f"unknown faults {sorted(unknown)}; pick from {[f.name for f in FAULTS]}"
         )
     started = time.monotonic()
-    os.environ["KVGATE_WORKER_MODEL"] = spec.model  # this process sizes the tiers by it
+    # this process sizes the tiers by the model; unset is the default model (SmolLM2)
+    os.environ.pop("KVGATE_WORKER_MODEL", None)
+    if spec.model:
+        os.environ["KVGATE_WORKER_MODEL"] = spec.model
     convs = conversations(spec.conversations, SHAPE, seed=23)
     tokens = sum(c.tokens(len(c.turns)) for c in convs)
     sizes = sizes_for(tokens, kv_bytes_per_token())
@@ -202,7 +207,7 @@ def faults(quick: bool, model: str | None, only: str, hang_s: float, out: Path |
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     figures = {
-        "quick": quick, "model": spec.model, "cpu": cpu_name(), "commit": source_commit(),
+        "quick": quick, "model": served_model_id(spec.model), "cpu": cpu_name(), "commit": source_commit(),
         "spec": asdict(spec), "sizes": asdict(sizes), "conversations": len(convs),
         "clients": spec.clients, "hang_s": hang_s, "nas": nas, "held_s": HELD_S,
         "reference_requests": sum(r.phase == "reference" for r in load.requests),

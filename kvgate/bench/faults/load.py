@@ -1,7 +1,9 @@
 """Steady multi-turn load for ``kvgate bench faults``, and what each request came to.
 
 ``clients`` closed-loop clients play a fixed set of seeded conversations, over and over,
-with greedy decoding, through two gateway replicas. In front of the replicas the clients
+with greedy decoding, through two gateway replicas; ``headers_for`` picks each turn's
+session key (the command has consecutive turns land on different workers), and every
+play of a conversation gets keys of its own. In front of the replicas the clients
 do what a load balancer does: each request goes to the next replica, and one that refuses
 the connection is skipped (nothing reached it, so nothing is lost by trying another). A
 request that fails is retried a second later, as a user would; the history a turn sends
@@ -87,6 +89,8 @@ class Load:
         self.reference: dict[tuple[str, int], str] = {}
         self._stop = threading.Event()
         self._next_gateway = itertools.count()
+        #: conversation -> how many times it has been started
+        self._plays: dict[str, int] = {}
         self._thread: threading.Thread | None = None
 
     def play_reference(self) -> None:
@@ -130,6 +134,10 @@ class Load:
             await asyncio.gather(*(client_loop() for _ in range(self.clients)))
 
     async def _conversation(self, client: httpx.AsyncClient, conv: Conversation) -> None:
+        # Each play of a conversation has session keys of its own: the gateways keep a
+        # session where it went, and a worker back from a restart would otherwise get
+        # none of the conversations that moved away from it.
+        play = self._plays[conv.cid] = self._plays.get(conv.cid, -1) + 1
         messages = [{"role": "system", "content": conv.system}]
         for t, turn in enumerate(conv.turns):
             messages = [*messages, {"role": "user", "content": turn.user}]
@@ -138,7 +146,7 @@ class Load:
                     return
                 req = Request(self.phase, conv.cid, t, time.monotonic())
                 self.requests.append(req)
-                await self._send(client, req, messages, turn.answer_tokens)
+                await self._send(client, req, messages, turn.answer_tokens, f"{conv.cid}-p{play}")
                 if req.ok:
                     break
                 await asyncio.sleep(RETRY_PAUSE_S)  # a user trying again
@@ -146,10 +154,16 @@ class Load:
             messages = [*messages, {"role": "assistant", "content": answer}]
 
     async def _send(
-        self, client: httpx.AsyncClient, req: Request, messages: list[dict], tokens: int
+        self,
+        client: httpx.AsyncClient,
+        req: Request,
+        messages: list[dict],
+        tokens: int,
+        session: str,
     ) -> None:
         body = chat_body(self.model, messages, tokens, 0.0)
-        headers = {"authorization": f"Bearer {self.api_key}"} | self.headers_for(req.cid, req.turn)
+        auth = {"authorization": f"Bearer {self.api_key}"}
+        headers = auth | self.headers_for(session, req.turn)
         try:
             async with asyncio.timeout(self.hang_s):
                 await self._balanced(client, req, body, headers)

@@ -11,16 +11,20 @@ over: the worker or replica hit (by its usage rows), or the tier (restores from 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import asyncpg
 import boto3
 import httpx
+import psutil
 
 from kvgate.bench.faults.stack import GATEWAYS, WORKERS, Child, FaultStack
+from tiering.tierd import PASS_LOCK
 from tiering.tiers.nas import SUFFIX
 
 #: seconds a held fault lasts
@@ -44,6 +48,8 @@ class Fault:
     kills: str = ""
     #: a worker id, gateway name or tier that must be seen serving again after the end
     back: str = ""
+    #: waits for the moment to inject (a worker streaming, a tierd pass running)
+    moment: Callable[[FaultStack], Notes] | None = None
     needs_mount: bool = False
 
 
@@ -71,42 +77,62 @@ def _child(stack: FaultStack, name: str) -> Child:
 
 def _kill(name: str) -> Callable[[FaultStack], Notes]:
     def kill(stack: FaultStack) -> Notes:
-        child = _child(stack, name)
-        notes: Notes = {}
-        if name in WORKERS:
-            notes["mid_stream"] = _wait_busy(child.probe_url.rsplit("/", 1)[0])
-        elif name == "tierd":
-            notes["nas_above_high_watermark"] = _wait_nas_over(stack)
-        pid = child.serving_pid()
+        pid = _child(stack, name).serving_pid()
+        sent = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        return notes | {"killed_pid": pid}
+        _wait_dead(pid)
+        return {"killed_pid": pid, "died_after_s": round(time.monotonic() - sent, 3)}
 
     return kill
+
+
+def _wait_dead(pid: int, deadline_s: float = 30.0) -> None:
+    """Until ``pid`` has exited (gone, or a zombie its parent has not reaped yet): the
+    kernel takes a while to tear a process down, and its sockets live until then."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.005)  # polling the process table
+
+
+def _streaming(name: str) -> Callable[[FaultStack], Notes]:
+    def wait(stack: FaultStack) -> Notes:
+        return {"mid_stream": _wait_busy(_child(stack, name).probe_url.rsplit("/", 1)[0])}
+
+    return wait
 
 
 def _restart(name: str) -> Callable[[FaultStack], None]:
     return lambda stack: _child(stack, name).restart()
 
 
-def _wait_nas_over(stack: FaultStack, deadline_s: float = 20.0) -> bool:
-    """Until the NAS holds more than tierd's high watermark, so that a pass is demoting."""
-    high = int(stack.site.env["KVGATE_TIER_NAS_HIGH_BYTES"])
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if _nas_bytes(stack) > high:
-            return True
-        time.sleep(0.1)  # polling the NAS' size
-    return False
+def _in_a_pass(stack: FaultStack, deadline_s: float = 60.0) -> Notes:
+    """Until a tierd pass runs (it holds :data:`PASS_LOCK` in Postgres for its length)."""
 
-
-def _nas_bytes(stack: FaultStack) -> int:
-    total = 0
-    for path in stack.nas.path.rglob(f"*{SUFFIX}"):
+    async def poll() -> bool:
+        conn = await asyncpg.connect(stack.site.dsn)
         try:
-            total += path.stat().st_size
-        except FileNotFoundError:  # tierd moved it meanwhile
-            continue
-    return total
+            end = time.monotonic() + deadline_s
+            while time.monotonic() < end:
+                if await conn.fetchval(_PASS_RUNNING, PASS_LOCK >> 32, PASS_LOCK & 0xFFFFFFFF):
+                    return True
+                await asyncio.sleep(0.01)  # polling the lock table
+            return False
+        finally:
+            await conn.close()
+
+    return {"mid_pass": asyncio.run(poll())}
+
+
+_PASS_RUNNING = """
+SELECT count(*) > 0 FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND classid::bigint = $1 AND objid::bigint = $2
+"""
 
 
 def _signal_worker(sig: signal.Signals) -> Callable[[FaultStack], Notes]:
@@ -196,6 +222,7 @@ FAULTS: tuple[Fault, ...] = (
         "worker_kill",
         f"kill -9 of worker {WORKERS[0]}'s engine while it streams; then restarted",
         _kill(WORKERS[0]),
+        moment=_streaming(WORKERS[0]),
         heal=_restart(WORKERS[0]),
         kills=WORKERS[0],
         back=WORKERS[0],
@@ -249,9 +276,9 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "tierd_kill",
-        "kill -9 of tierd while the NAS is above its high watermark (a pass demoting); "
-        "then restarted",
+        "kill -9 of tierd in the middle of a pass (while it holds the pass lock); then restarted",
         _kill("tierd"),
+        moment=_in_a_pass,
         heal=_restart("tierd"),
         kills="tierd",
     ),

@@ -5,7 +5,8 @@ ended, ``wrong_outputs`` (answers that are not the reference's), ``usage_lost`` 
 the client saw succeed that have no usage row), ``usage_wrong`` (a row whose tokens are not
 those the client was told), ``hung_requests`` and ``recover_s`` (from the fault's end to
 the end of the first success that started after it). Failures are *expected* only for a
-fault that kills a process, and only for requests in flight on it when it died.
+fault that kills a process, and only for requests in flight on it while it died (from the
+signal until the process is gone: the kernel takes tens of milliseconds to tear it down).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def judge(
         "cached_tokens_by_tier": _by_tier(ok),
         "notes": phase.notes,
         "errors": sorted({r.error for r in failed})[:8],
+        "failures": [_failure(phase, r, r in expected) for r in failed[:20]],
         "wrong_examples": [_wrong(r, reference) for r in wrong[:3]],
     }
     figures["met"] = (
@@ -133,6 +135,18 @@ def _serves(phase: Phase, req: Request, usage: dict[str, UsageRow]) -> bool:
     return bool(back) and row is not None and row.worker == back
 
 
+def _failure(phase: Phase, req: Request, expected: bool) -> dict[str, Any]:
+    """One failed request, its times relative to the injection."""
+    return {
+        "start_s": round(req.start - phase.injected, 3),
+        "end_s": round(req.end - phase.injected, 3),
+        "gateway": req.gateway,
+        "outcome": req.outcome,
+        "expected": expected,
+        "error": req.error[:160],
+    }
+
+
 def _wrong(req: Request, reference: dict[tuple[str, int], str]) -> dict[str, Any]:
     want = reference.get((req.cid, req.turn)) or ""
     return {"cid": req.cid, "turn": req.turn, "got": req.text[:80], "want": want[:80]}
@@ -141,7 +155,8 @@ def _wrong(req: Request, reference: dict[tuple[str, int], str]) -> dict[str, Any
 def _expected(phase: Phase, req: Request, usage: dict[str, UsageRow]) -> bool:
     """A failure the fault excuses: in flight on the process it killed when it died."""
     victim = phase.fault.kills
-    if not victim or not req.start <= phase.injected <= req.end:
+    died = phase.injected + phase.notes.get("died_after_s", 0.0)
+    if not victim or not (req.start <= died and req.end >= phase.injected):
         return False
     if phase.killed_gateway:
         return req.gateway == phase.killed_gateway

@@ -209,8 +209,9 @@ def _child(name: str, argv: list[str], probe_url: str, env: dict[str, str], logs
 
 
 @contextlib.contextmanager
-def fault_stack(root: Path, model_spec: str, sizes: Sizes) -> Iterator[FaultStack]:
-    """Start the whole stack under ``root``; stop it (and unmount the NAS) when the block ends."""
+def fault_stack(root: Path, model_spec: str | None, sizes: Sizes) -> Iterator[FaultStack]:
+    """Start the whole stack under ``root`` serving ``model_spec`` (``KVGATE_WORKER_MODEL``;
+    None: the default model); stop it (and unmount the NAS) when the block ends."""
     logs = root / "logs"
     with contextlib.ExitStack() as held:
         svc = held.enter_context(bench_stack.services(root))
@@ -229,13 +230,13 @@ def fault_stack(root: Path, model_spec: str, sizes: Sizes) -> Iterator[FaultStac
         site = bench_stack.new_site(
             bench_stack.Services(svc.dsn, via_proxy, svc.root),
             "faults",
-            worker_model=model_spec,
             worker_kv_pool_bytes=sizes.kv_pool,
             tier_host_bytes=sizes.host,
             tier_nas_high_bytes=sizes.nas_high,
             tier_nas_low_bytes=sizes.nas_high // 2,
             tier_object_max_bytes=sizes.object_max,
             tierd_interval_s=1.0,
+            **({"worker_model": model_spec} if model_spec else {}),
         )
         site = replace(site, env=site.env | {"OMP_NUM_THREADS": str(cores)})
         nas = Nas(site.nas, sizes.nas_high * NAS_ROOM)

@@ -60,3 +60,15 @@ def test_a_phase_with_nothing_lost_and_a_quick_recovery_meets_the_targets() -> N
     figures = judge(_phase(), requests, REFERENCE, {"b": _row()})
     assert figures["met"]
     assert figures["hung_requests"] == 0
+
+
+def test_a_request_sent_while_the_replica_was_dying_is_excused_one_after_is_not() -> None:
+    phase = _phase()
+    phase.notes = {"died_after_s": 0.1}  # the process was gone 0.1 s after the signal
+    requests = [
+        _req("a", 10.02, 10.1, KILLED, "cut"),  # sent on a socket the dying replica held
+        _req("b", 10.3, 10.4, KILLED, "cut"),  # sent after it was gone: should be refused
+        _req("c", 10.5, 11.0, OTHER, "ok"),
+    ]
+    figures = judge(phase, requests, REFERENCE, {"c": _row()})
+    assert (figures["failed_in_flight_on_killed"], figures["unexpected_failures"]) == (1, 1)
