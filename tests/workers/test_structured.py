@@ -102,6 +102,15 @@ async def test_structured_requests_batch_beside_free_ones(worker_client: httpx.A
         jsonschema.validate(json.loads(content), SCHEMA)
 
 
+async def test_each_of_n_choices_follows_the_schema(worker_client: httpx.AsyncClient) -> None:
+    body = _chat("Weather?", n=3, seed=5, response_format=JSON_SCHEMA)
+    response = await worker_client.post("/v1/chat/completions", json=body)
+    choices = response.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for choice in choices:
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+
+
 async def test_a_completion_takes_a_response_format_too(worker_client: httpx.AsyncClient) -> None:
     body = {"model": MODEL, "prompt": "JSON:", "max_tokens": 120, "response_format": JSON_SCHEMA}
     response = await worker_client.post("/v1/completions", json=body)

@@ -15,8 +15,11 @@ import pytest
 from starlette.applications import Starlette
 
 from kvgate.wiring.engine import chat_template_of
+from protocol.openai_requests import ChatCompletionRequest, validate
 from tests.support.worker import MODEL
 from tests.workers.test_http import sse_payloads
+from workers.constraints import template_messages
+from workers.engine.chat_template import ChatTemplate
 from workers.engine.engine import TorchEngine
 from workers.engine.tokenizer import load_tokenizer
 from workers.server import create_app
@@ -199,3 +202,27 @@ async def test_tool_requests_that_cannot_be_served_are_400s(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"]
+
+
+def test_earlier_calls_render_with_their_arguments_as_objects() -> None:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
+    }
+    body = validate(
+        ChatCompletionRequest,
+        {
+            "model": MODEL,
+            "tools": TOOLS,
+            "messages": [
+                *USER,
+                {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+            ],
+        },
+    )
+    prompt = ChatTemplate(HERMES_TEMPLATE)(template_messages(body), tools=TOOLS)
+    assert '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>' in prompt
+    assert "<tool_response>\n12:00\n</tool_response>" in prompt
+    assert '"name": "get_weather"' in prompt  # the tools, in the system turn
