@@ -143,18 +143,24 @@ def compare_run(
         "workloads": {},
         "phase_seconds": {},
     }
-    with bench_stack.services(root, with_s3=data["object_store"]) as svc:
-        data["phase_seconds"]["services"] = time.perf_counter() - started
-        rates = _calibrate(svc, root, specs[0].clients if specs else 1)
-        data["calibration"] = rates.as_dict()
-        data["phase_seconds"]["calibration"] = time.perf_counter() - started
-        compares = {s.workload: Compare(svc, s, kv, root / "logs") for s in specs}
-        _size(spec, compares, rates, only, data)
-        for wl, compare in compares.items():
-            data["workloads"][wl] = _play_workload(compare, only, data)
-        chat = data["workloads"].get("chat", {})
-        data["configs"] = chat.get("configs", {})  # the chat figures, where they always were
-        _restore_and_no_reuse(svc, spec, kv, seed, root, data)
+    stopped: BaseException | None = None
+    try:
+        with bench_stack.services(root, with_s3=data["object_store"]) as svc:
+            data["phase_seconds"]["services"] = time.perf_counter() - started
+            rates = _calibrate(svc, root, specs[0].clients if specs else 1)
+            data["calibration"] = rates.as_dict()
+            data["phase_seconds"]["calibration"] = time.perf_counter() - started
+            compares = {s.workload: Compare(svc, s, kv, root / "logs") for s in specs}
+            _size(spec, compares, rates, only, data)
+            for compare in compares.values():
+                _play_workload(compare, only, data)
+            _restore_and_no_reuse(svc, spec, kv, seed, root, data)
+    except (SystemExit, KeyboardInterrupt) as exc:  # a time limit: report what was measured
+        stopped = exc
+        data["failures"]["stopped"] = (
+            "the run was stopped before its end; these are the figures it had"
+        )
+    data["configs"] = data["workloads"].get("chat", {}).get("configs", {})  # where they were
     for bulk in ("nas", "s3", "pg"):  # gigabytes of KV pages; the logs stay for reading
         shutil.rmtree(root / bulk, ignore_errors=True)
     data["machine"]["load_average_at_end"] = os.getloadavg()
@@ -165,6 +171,8 @@ def compare_run(
         click.echo(
             f"{key:>26}: {value:>8}  target {v['target']:<7} {'met' if v['met'] else 'MISSED'}"
         )
+    if stopped is not None:
+        raise stopped
     return data
 
 
@@ -228,8 +236,9 @@ def configs_of(compare: Compare, only: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c for c in only if c in compare.spec.configs)
 
 
-def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]) -> dict:
-    """Prime ``compare``'s workload and play each configuration in ``only``."""
+def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]) -> None:
+    """Prime ``compare``'s workload and play each configuration in ``only``, into
+    ``data["workloads"]``."""
     wl = compare.spec.workload
     click.echo(f"=== {wl}: {len(compare.workload)} conversations, pool {compare.pool_tokens} tokens, "
                f"{compare.measured} measured turns per configuration", err=True)  # fmt: skip
@@ -244,6 +253,7 @@ def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]
         "configs": {},
         "config_seconds": {},
     }
+    data["workloads"][wl] = out  # filled as it goes: a stopped run still reports it
     only = configs_of(compare, only)
     order = ["host", *(c for c in only if c != "host")]  # host primes
     for name in order:
@@ -268,7 +278,6 @@ def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]
             click.echo(f"{wl} {name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
                        f"cached {s.cached_ratio:.0%}, errors {s.errors}", err=True)  # fmt: skip
     out["configs"] = {c: out["configs"][c] for c in CONFIGS if c in out["configs"]}
-    return out
 
 
 def _restore_and_no_reuse(
