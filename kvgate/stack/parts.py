@@ -30,7 +30,7 @@ from kvgate.stack.process import (
     log_line_probe,
 )
 from kvgate.stack.prometheus import PrometheusPart
-from kvgate.stack.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command
+from kvgate.stack.seaweed import S3Endpoint, ensure_bucket, ping_s3, weed_command, weed_env
 from kvgate.stack.supervisor import Part, PartError, Ready
 from migrations import runner
 
@@ -280,6 +280,7 @@ class SeaweedPart(LateProcessPart):
             self.name,
             argv,
             probe=lambda: _s3_ready(endpoint, s.s3_bucket),
+            env=weed_env(),
             log_path=s.home.absolute() / "logs" / "s3.log",
             stop_timeout=s.stop_timeout,
         )

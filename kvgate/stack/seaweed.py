@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,20 @@ class S3Endpoint:
     access_key: str
     secret_key: str
     region: str = "us-east-1"
+
+
+#: the Go runtime's soft memory limit for ``weed`` (``GOMEMLIMIT``) unless the environment
+#: sets one. Without it the Go heap grows to twice what is live before each collection
+#: (``GOGC=100``), and a server taking steady writes keeps raising its RSS for many minutes
+#: with garbage: 16 KiB puts with 4,000 objects kept took it from 117 to 412 MiB in 7,800
+#: puts, and on, where with this limit it stayed at 116-125 MiB (its live heap is ~40 MiB).
+#: A soft limit: when more is live, Go goes over it rather than fail.
+WEED_MEMORY_LIMIT = "256MiB"
+
+
+def weed_env() -> dict[str, str]:
+    """Environment ``weed`` runs with, on top of the caller's: the Go memory limit."""
+    return {"GOMEMLIMIT": os.environ.get("GOMEMLIMIT", WEED_MEMORY_LIMIT)}
 
 
 def weed_binary() -> str:
@@ -158,6 +173,7 @@ def seaweed_s3(
     log = open(log_path or Path(data_dir).absolute() / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
     proc = subprocess.Popen(
         cmd,
+        env={**os.environ, **weed_env()},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
