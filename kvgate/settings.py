@@ -84,7 +84,11 @@ class Settings(BaseSettings):
     )
     tier_nas_fsync: bool = Field(True, description="fsync each NAS block before its rename.")
     tier_nas_high_bytes: int = Field(
-        10 << 30, ge=0, description="tierd demotes NAS pages to S3 above this (0 = no limit)."
+        10 << 30,
+        ge=0,
+        description="Above this tierd demotes the NAS's coldest pages to S3, down to the low "
+        "watermark; checked every KVGATE_TIERD_WATERMARK_CHECK_S, so the NAS goes over it only "
+        "by what the workers write before the demotion catches up (0 = no limit).",
     )
     tier_nas_low_bytes: int = Field(
         8 << 30, ge=0, description="...down to this many bytes on the NAS."
@@ -109,6 +113,17 @@ class Settings(BaseSettings):
         0.5, gt=0, description="Longest a ledger query may take on the serving path."
     )
     tierd_interval_s: float = Field(30.0, gt=0, description="Seconds between tierd passes.")
+    tierd_watermark_check_s: float = Field(
+        1.0,
+        ge=0,
+        description="Between passes, seconds between checks of the NAS's bytes against the high "
+        "watermark; above it a pass starts at once (0 = only every pass).",
+    )
+    tierd_reconcile_interval_s: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds between tierd's walks of the whole NAS and bucket against the ledger.",
+    )
     tierd_orphan_grace_s: float = Field(
         600.0, ge=0, description="Age before tierd deletes a block that has no ledger row."
     )

@@ -17,6 +17,11 @@ One pass, in order:
    only then deleted from the NAS, down to the low watermark.
 4. **Object-store capacity**: above its limit, the coldest objects are deleted.
 
+Between passes tierd checks the NAS's bytes in the ledger every ``watermark_check_s`` (one
+sum over the ledger) and starts a pass at once when they cross the high watermark: writers fill the
+NAS at their own pace, and a watermark acted on only every ``interval_s`` would be overshot
+by whatever they write in an interval.
+
 Any number of tierd processes may run: each pass takes a Postgres advisory lock and a
 process that cannot get it skips the pass, so no page is ever demoted twice.
 """
@@ -56,6 +61,9 @@ class TierdConfig:
     #: between writing the data and recording its row)
     orphan_grace_s: float = 600.0
     interval_s: float = 30.0
+    #: between passes, how often the NAS's bytes are compared with the high watermark
+    #: (a pass starts at once above it); 0: only every ``interval_s``
+    watermark_check_s: float = 1.0
     #: reconciling walks the whole NAS and bucket, so it runs on this slower clock
     reconcile_interval_s: float = 600.0
 
@@ -108,8 +116,26 @@ class Tierd:
                 self.failures.record("tierd", "pass", exc)
             if on_pass is not None:
                 on_pass(report)
+            await self._until_next_pass(stop)
+
+    async def _until_next_pass(self, stop: asyncio.Event) -> None:
+        """Wait ``interval_s``, or less: until ``stop``, or until a check finds the NAS
+        above its high watermark."""
+        deadline = time.monotonic() + self.config.interval_s
+        check = self.config.watermark_check_s if self.config.nas_high_bytes else 0.0
+        while (left := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.interval_s)
+                await asyncio.wait_for(stop.wait(), min(left, check) if check else left)
+                return
+            if check and await self._nas_over_high():
+                return
+
+    async def _nas_over_high(self) -> bool:
+        try:
+            return await self.ledger.usage(NAS) > self.config.nas_high_bytes
+        except Exception as exc:  # Postgres down: the pass at the interval will say so
+            self.failures.record("tierd", "watermark check", exc)
+            return False
 
     async def run_pass(self) -> PassReport:
         """One pass, or a report with ``skipped`` when another tierd is mid-pass."""

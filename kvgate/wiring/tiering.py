@@ -76,6 +76,8 @@ def tierd_config(s: Settings) -> TierdConfig:
         namespace_quota_bytes=s.tier_namespace_quota_bytes,
         orphan_grace_s=s.tierd_orphan_grace_s,
         interval_s=s.tierd_interval_s,
+        watermark_check_s=s.tierd_watermark_check_s,
+        reconcile_interval_s=s.tierd_reconcile_interval_s,
     )
 
 

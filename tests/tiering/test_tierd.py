@@ -81,6 +81,24 @@ async def test_watermark_demotes_lru_pages_to_s3_and_they_restore(env) -> None:
     await fresh.close()
 
 
+async def test_crossing_the_high_watermark_starts_a_pass_before_the_interval(env) -> None:
+    pool, nas, obj = env
+    blocks = chain(namespace(), 20)
+    page = _size(blocks[0])
+    config = TierdConfig(
+        nas_high_bytes=8 * page, nas_low_bytes=5 * page, interval_s=3600, watermark_check_s=0.05
+    )
+    passes: asyncio.Queue = asyncio.Queue()
+    stop = asyncio.Event()
+    task = asyncio.create_task(Tierd(pool, nas, obj, config).run_forever(stop, passes.put_nowait))
+    assert (await asyncio.wait_for(passes.get(), 60)).demoted == 0  # the first: nothing there
+    await _spill(pool, nas, obj, blocks)
+    # the next pass by the clock is an hour away: only the watermark check can start this one
+    assert (await asyncio.wait_for(passes.get(), 60)).demoted > 0
+    stop.set()
+    await task
+
+
 async def test_concurrent_tierds_never_demote_a_page_twice(env, pg_dsn: str, fresh_db: str) -> None:
     pool, nas, obj = env
     blocks = chain(namespace(), 30)
