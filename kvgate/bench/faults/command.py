@@ -206,12 +206,13 @@ def faults(quick: bool, model: str | None, only: str, hang_s: float, out: Path |
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+    kills = [p for p in phases if p.fault.kills in (*WORKERS, *GATEWAYS) and not p.skipped]
     figures = {
         "quick": quick, "model": served_model_id(spec.model), "cpu": cpu_name(), "commit": source_commit(),
         "spec": asdict(spec), "sizes": asdict(sizes), "conversations": len(convs),
         "clients": spec.clients, "hang_s": hang_s, "nas": nas, "held_s": HELD_S,
         "reference_requests": sum(r.phase == "reference" for r in load.requests),
-        "faults": [judge(p, load.requests, load.reference, usage) for p in phases],
+        "faults": [judge(p, load.requests, load.reference, usage, kills) for p in phases],
         "wall_s": time.monotonic() - started,
     }  # fmt: skip
     figures["met"] = all(f.get("met", True) for f in figures["faults"])

@@ -4,9 +4,10 @@ Per fault: the requests that started while it was the current phase, how the fai
 ended, ``wrong_outputs`` (answers that are not the reference's), ``usage_lost`` (requests
 the client saw succeed that have no usage row), ``usage_wrong`` (a row whose tokens are not
 those the client was told), ``hung_requests`` and ``recover_s`` (from the fault's end to
-the end of the first success that started after it). Failures are *expected* only for a
-fault that kills a process, and only for requests in flight on it while it died (from the
-signal until the process is gone: the kernel takes tens of milliseconds to tear it down).
+the end of the first success that started after it). Failures are *expected* only for
+requests in flight on a killed worker or gateway replica while it died (from the signal
+until the process is gone: the kernel takes tens of milliseconds to tear it down), in
+whichever phase the request started.
 """
 
 from __future__ import annotations
@@ -57,15 +58,17 @@ def judge(
     requests: list[Request],
     reference: dict[tuple[str, int], str],
     usage: dict[str, UsageRow],
+    kills: list[Phase],
 ) -> dict[str, Any]:
-    """The figures of one phase and whether it met every target."""
+    """The figures of one phase and whether it met every target; ``kills`` are the phases
+    (of the whole run) that killed a worker or a gateway replica."""
     name = phase.fault.name
     if phase.skipped:
         return {"fault": name, "what": phase.fault.what, "skipped": phase.skipped}
     mine = [r for r in requests if r.phase == name]
     ok = [r for r in mine if r.ok]
     failed = [r for r in mine if not r.ok]
-    expected = [r for r in failed if _expected(phase, r, usage)]
+    expected = [r for r in failed if _expected(r, kills, usage)]
     wrong = [r for r in ok if r.text != reference.get((r.cid, r.turn))]
     lost = [r for r in ok if r.request_id not in usage]
     usage_wrong = [
@@ -152,16 +155,19 @@ def _wrong(req: Request, reference: dict[tuple[str, int], str]) -> dict[str, Any
     return {"cid": req.cid, "turn": req.turn, "got": req.text[:80], "want": want[:80]}
 
 
-def _expected(phase: Phase, req: Request, usage: dict[str, UsageRow]) -> bool:
-    """A failure the fault excuses: in flight on the process it killed when it died."""
-    victim = phase.fault.kills
-    died = phase.injected + phase.notes.get("died_after_s", 0.0)
-    if not victim or not (req.start <= died and req.end >= phase.injected):
-        return False
-    if phase.killed_gateway:
-        return req.gateway == phase.killed_gateway
-    row = usage.get(req.request_id)
-    return row is None or row.worker in ("", victim)
+def _expected(req: Request, kills: list[Phase], usage: dict[str, UsageRow]) -> bool:
+    """A failure a kill excuses: in flight on a killed gateway replica or worker while it
+    died, in this phase or another (a slow request can outlive its phase)."""
+    for kill in kills:
+        died = kill.injected + kill.notes.get("died_after_s", 0.0)
+        if not req.start <= died or req.end < kill.injected:
+            continue
+        if kill.killed_gateway and req.gateway == kill.killed_gateway:
+            return True
+        row = usage.get(req.request_id)
+        if row is not None and row.worker == kill.fault.kills:
+            return True
+    return False
 
 
 def markdown(data: dict[str, Any]) -> str:
