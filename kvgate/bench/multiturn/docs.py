@@ -143,8 +143,8 @@ def method(data: dict[str, Any]) -> list[str]:
     """How the run was made, with its sizes."""
     spec = data["spec"]
     out = []
-    for wl in workload_names(data):
-        w, s = data["workloads"][wl], spec["workloads"][wl]
+    for wl, w in data.get("workloads", {}).items():
+        s = spec["workloads"][wl]
         shape = s["shape"]
         doc = (
             f"{shape['unique_prefix_range'][0]}–{shape['unique_prefix_range'][1]} tokens"
