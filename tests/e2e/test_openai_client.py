@@ -1,4 +1,5 @@
-"""The official ``openai`` client through the gateway to built-in workers.
+"""The official ``openai`` client through the gateway to built-in workers, for teams and
+for the free tier (``api_key="EMPTY"``): what OpenAI parity promises.
 
 Two real ``kvgate worker --model tiny-random`` processes (the built-in torch engine with a
 seeded tiny random Llama on CPU) behind one gateway process; chat and text completions,
@@ -8,13 +9,18 @@ streaming and not.
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import asyncpg
+import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from kvgate.stack.ports import free_port
 from tests.support.gateway import (
@@ -48,6 +54,7 @@ def builtin_worker() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 class Rig:
     client: openai.OpenAI
     team_id: int
+    url: str
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +73,7 @@ async def rig(pg_dsn: str, pg_pool: asyncpg.Pool) -> AsyncIterator[Rig]:
         team_id, key = await team_key(pg_pool)
         gw, _ = stack.enter_context(gateway_process(pg_dsn))
         client = openai.OpenAI(base_url=gw + "/v1", api_key=key, max_retries=0, timeout=60)
-        yield Rig(client, team_id)
+        yield Rig(client, team_id, gw)
     await deregister(pg_pool, ids)
 
 
@@ -128,3 +135,132 @@ async def test_usage_rows_record_the_workers_token_counts(rig: Rig, pg_pool: asy
     )
     assert all(r["prompt_tokens"] > 0 and r["worker"].startswith("w-builtin") for r in rows)
     assert sorted(r["completion_tokens"] for r in rows) == [2, 3, 3, 4, 5]
+
+
+#: a schema whose every valid answer is short, so a random model completes it
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "ok": {"type": "boolean"},
+        "name": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+    },
+    "required": ["colour", "ok", "name"],
+    "additionalProperties": False,
+}
+
+
+def free(rig: Rig) -> openai.OpenAI:
+    """The SDK as a free-tier user runs it: a placeholder key, from an address of its own
+    (the gateway believes loopback's X-Forwarded-For) so each test has its own limits."""
+    address = f"198.18.{secrets.randbelow(250)}.{secrets.randbelow(250) + 1}"
+    return openai.OpenAI(
+        base_url=rig.url + "/v1",
+        api_key="EMPTY",
+        max_retries=0,
+        timeout=60,
+        default_headers={"x-forwarded-for": address},
+    )
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_answers_validate_for_the_free_tier(rig: Rig, temperature: float) -> None:
+    form = {
+        "type": "json_schema",
+        "json_schema": {"name": "pick", "schema": SCHEMA, "strict": True},
+    }
+
+    def ask(i: int) -> ChatCompletion:
+        return free(rig).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Describe thing number {i}."}],
+            response_format=form,
+            max_tokens=64,
+            temperature=temperature,
+            seed=i,
+        )
+
+    # four at a time, so the workers batch constrained rows together
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(20)))
+    for chat in answers:
+        choice = chat.choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_json_object_and_unknown_schema_types(rig: Rig) -> None:
+    chat = free(rig).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Some JSON, please."}],
+        response_format={"type": "json_object"},
+        max_tokens=48,
+        temperature=0,
+    )
+    content = chat.choices[0].message.content
+    assert content.lstrip().startswith("{")
+    if chat.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "colour"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        free(rig).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], response_format=bad
+        )
+    assert "colour" in refused.value.message
+
+
+def test_tools_on_a_template_without_them_is_a_400_saying_so(rig: Rig) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        free(rig).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[tool]
+        )
+    assert "tool" in refused.value.message.lower()
+
+
+def test_n_choices_count_the_prompt_once(rig: Rig) -> None:
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}]}
+    one = free(rig).chat.completions.create(**asked, max_tokens=3)
+    three = free(rig).chat.completions.create(
+        **asked, max_tokens=3, n=3, temperature=1, seed=2, extra_body={"ignore_eos": True}
+    )
+    assert sorted(c.index for c in three.choices) == [0, 1, 2]
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * 3
+
+
+def test_logprobs_give_five_alternatives_per_token(rig: Rig) -> None:
+    chat = free(rig).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count."}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"ignore_eos": True},
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for token in content:
+        values = [alt.logprob for alt in token.top_logprobs]
+        assert len(values) == 5 and values == sorted(values, reverse=True)
+        assert token.logprob <= values[0]
+
+
+def test_responses_stream_and_chain_onto_cached_pages(rig: Rig) -> None:
+    client = free(rig)
+    document = " ".join(f"fact {i} is {i * i}." for i in range(40))
+    first = client.responses.create(model=MODEL, input=document, max_output_tokens=4)
+    assert first.status in ("completed", "incomplete") and first.output_text
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input="And fact 3?",
+            previous_response_id=first.id,
+            max_output_tokens=4,
+            stream=True,
+        )
+    )
+    final = events[-1].response
+    assert events[0].type == "response.created"
+    assert final.usage.input_tokens > first.usage.input_tokens
+    assert final.usage.input_tokens_details.cached_tokens > 0

@@ -27,9 +27,9 @@ import xgrammar as xgr
 from tokenizers import Tokenizer as HFTokenizer
 from transformers import PreTrainedTokenizerFast
 
-#: Most whitespace characters between two JSON tokens. Small models can fall into emitting
-#: newlines for ever inside a JSON object; a cap ends that while leaving room for indented,
-#: pretty-printed output (a 2-space indent ten levels deep is 21 characters).
+#: Most whitespace characters between two JSON tokens inside a tool call's arguments. Small
+#: models can fall into emitting newlines for ever inside a JSON object; a cap ends that
+#: while leaving room for indented output (a 2-space indent ten levels deep is 21 characters).
 MAX_WHITESPACE = 24
 
 #: what xgrammar's C++ side prefixes its messages with: ``[12:09:59] /path/file.cc:4175: ``
@@ -69,10 +69,15 @@ class Grammars:
         return cls(info)
 
     def json_schema(self, schema: Mapping[str, Any] | None) -> Grammar:
-        """JSON following ``schema``; None is any JSON object (OpenAI's ``json_object``)."""
+        """JSON following ``schema``; None is any JSON object (OpenAI's ``json_object``).
+
+        The JSON is compact (no whitespace between tokens, as OpenAI's structured outputs
+        are): with whitespace allowed, even capped per gap, a small or sampled model spends
+        its whole ``max_tokens`` on newlines between the fields and never closes the object.
+        """
         text = json.dumps({"type": "object"} if schema is None else schema)
         try:
-            compiled = self._compiler.compile_json_schema(text, max_whitespace_cnt=MAX_WHITESPACE)
+            compiled = self._compiler.compile_json_schema(text, any_whitespace=False)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarError(_message(exc)) from None
         return Grammar(compiled, "json_object" if schema is None else "json_schema")
