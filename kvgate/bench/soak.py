@@ -268,7 +268,9 @@ def _report(data: dict[str, Any]) -> str:
         "",
         "Postgres is judged by its private memory (USS), the others by RSS: a backend's RSS "
         "counts each page of the shared buffer cache it has touched. RSS and PSS growth are "
-        "shown for every part.",
+        "shown for every part. tierd runs a pass every 5 s, checks the NAS against its high "
+        "watermark every second between passes, and reconciles every 60 s (600 s by default) "
+        "so that its walk of both tiers, the largest footprint of a pass, is inside the warm-up.",
         "",
         "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth "
         "| RSS growth | PSS at end (MiB) | PSS growth | descriptors | verdict |",
