@@ -195,7 +195,7 @@ def _budget_line(data: dict[str, Any]) -> str:
     if b.get("budget_s"):
         line += (
             f"; the measured turns were sized to end within {b['budget_s']:.0f} s "
-            f"(predicted {sum(b['predicted_s'].values()):.0f} s, took {data['wall_s']:.0f} s)"
+            f"(predicted {sum(b['predicted_s'].values()):.0f} s, took {data['seconds']:.0f} s)"
         )
     return line + "."
 

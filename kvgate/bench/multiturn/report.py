@@ -104,7 +104,7 @@ def figures(d: dict) -> dict[str, float | None]:
         "cross_worker_cached_ratio": lambda: configs_of(d, "chat")["gateway_shared"][
             "followup_cached_ratio"
         ],
-        "wall_s": lambda: d["wall_s"],
+        "wall_s": lambda: d["seconds"],
     }
     out: dict[str, float | None] = {}
     why: dict[str, str] = {}

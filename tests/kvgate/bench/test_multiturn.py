@@ -164,7 +164,7 @@ def _figures(**overrides: object) -> dict:
     }
     data = {
         "run": "quick",
-        "wall_s": 800.0,
+        "seconds": 800.0,
         "kv_bytes_per_token": 46080,
         "workloads": {"chat": {"configs": chat}, "docqa": {"configs": docqa}},
         "no_reuse": {
@@ -397,7 +397,8 @@ def _run_data() -> dict:
                  working_set_tokens=20000, idle_tokens=16000, idle_over_pool=3.1,
                  first_turns=summarize([]).as_dict())  # fmt: skip
     data.update(
-        run="full", seconds=600.0, wall_s=600.0, spec=spec_dict(QUICK, list(QUICK.workloads)),
+        run="full", seconds=600.0, spec=spec_dict(QUICK, list(QUICK.workloads)),
+        budget={"budget_s": 900, "predicted_s": {"chat": 400.0, "docqa": 300.0}},
         machine=machine(), calibration={"decode_step_s": 0.2, "clients": 2},
         plots=["benchmarks/multiturn_chat.png", "benchmarks/multiturn_docqa.png"],
     )  # fmt: skip
@@ -418,6 +419,7 @@ def test_docs_explain_method_machine_results_and_physics() -> None:
     assert "![chat](benchmarks/multiturn_chat.png)" in lead
     assert "![docqa](benchmarks/multiturn_docqa.png)" in lead
     assert "of the 1.050 it serves when the device holds everything" in lead
+    assert "sized to end within 900 s (predicted 700 s, took 600 s)" in text
     # where the figures come from: the CPU model (figures move several-fold between CPUs of
     # one architecture) and, for runs that recorded it, the code measured
     assert f"{machine()['cpu']} (" in text and "on commit" not in text
