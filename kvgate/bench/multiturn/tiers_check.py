@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -258,6 +259,8 @@ def main(engine: str, tokenizer: Path | None, parse_only: bool, json_path: Path)
     except (RuntimeError, OSError, httpx.HTTPError, stack.PartError) as exc:
         figures = {"ok": False, "error": str(exc), "logs": str(logs)}
     figures |= {"engine": engine, "seconds": time.perf_counter() - started}
+    # the pages and the model go; the logs stay when there is something to read in them
+    shutil.rmtree(root if figures["ok"] else nas, ignore_errors=True)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(figures, indent=2) + "\n")
     click.echo(json.dumps(figures))
