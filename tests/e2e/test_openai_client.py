@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from tests.support.gateway import (
     KVGATE,
     apoll,
     deregister,
+    free_tier_address,
     gateway_process,
     process,
     register_workers,
@@ -153,13 +153,12 @@ SCHEMA = {
 def free(rig: Rig) -> openai.OpenAI:
     """The SDK as a free-tier user runs it: a placeholder key, from an address of its own
     (the gateway believes loopback's X-Forwarded-For) so each test has its own limits."""
-    address = f"198.18.{secrets.randbelow(250)}.{secrets.randbelow(250) + 1}"
     return openai.OpenAI(
         base_url=rig.url + "/v1",
         api_key="EMPTY",
         max_retries=0,
         timeout=60,
-        default_headers={"x-forwarded-for": address},
+        default_headers={"x-forwarded-for": free_tier_address()},
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import asyncpg
 import httpx
@@ -19,36 +18,21 @@ import pytest
 from gateway import accounts
 from protocol.fields import CACHE_SALT_FIELDS
 from tests.support.gateway import (
+    StubRig as Rig,
+)
+from tests.support.gateway import (
     apoll,
-    deregister,
-    gateway_process,
     poll,
-    register_workers,
-    stub_upstream,
+    stub_rig,
     team_key,
     unique,
 )
 
 
-@dataclass
-class Rig:
-    url: str
-    upstream: str
-    model: str
-    key: str
-    team_id: int
-
-
 @pytest.fixture(scope="module")
 async def rig(pg_dsn: str, pg_pool: asyncpg.Pool) -> AsyncIterator[Rig]:
-    model = unique("m-app")
-    with stub_upstream("w-app") as (upstream, _):
-        worker = unique("w-app")
-        await register_workers(pg_pool, model, {worker: upstream})
-        team_id, key = await team_key(pg_pool)
-        with gateway_process(pg_dsn, KVGATE_GATEWAY_BODY_LIMIT="20000") as (url, _):
-            yield Rig(url, upstream, model, key, team_id)
-        await deregister(pg_pool, [worker])
+    async with stub_rig(pg_dsn, pg_pool, "app") as made:
+        yield made
 
 
 def _ip() -> str:

@@ -8,9 +8,7 @@ types check every object and event the gateway sends.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -23,10 +21,14 @@ from pydantic import TypeAdapter
 
 from kvgate.stack.ports import free_port
 from tests.support.gateway import (
+    StubRig as Rig,
+)
+from tests.support.gateway import (
     apoll,
     deregister,
-    gateway_process,
+    free_tier_address,
     register_workers,
+    stub_rig,
     stub_upstream,
     team_key,
     unique,
@@ -49,34 +51,14 @@ SEQUENCE = [
 ]
 
 
-@dataclass
-class Rig:
-    url: str
-    upstream: str
-    model: str
-    key: str
-    team_id: int
-
-
 @pytest.fixture(scope="module")
 async def rig(pg_dsn: str, pg_pool: asyncpg.Pool) -> AsyncIterator[Rig]:
-    model = unique("m-resp")
-    with stub_upstream("w-resp") as (upstream, _):
-        worker = unique("w-resp")
-        await register_workers(pg_pool, model, {worker: upstream})
-        team_id, key = await team_key(pg_pool)
-        with gateway_process(pg_dsn, KVGATE_GATEWAY_BODY_LIMIT="20000") as (url, _):
-            yield Rig(url, upstream, model, key, team_id)
-        await deregister(pg_pool, [worker])
-
-
-def _free_ip() -> str:
-    """A free-tier client of its own (the gateway trusts loopback's X-Forwarded-For)."""
-    return f"198.18.{secrets.randbelow(250)}.{secrets.randbelow(250) + 1}"
+    async with stub_rig(pg_dsn, pg_pool, "resp") as made:
+        yield made
 
 
 def _client(rig: Rig, key: str, ip: str | None = None) -> openai.OpenAI:
-    headers = {"x-forwarded-for": ip or _free_ip()}
+    headers = {"x-forwarded-for": ip or free_tier_address()}
     return openai.OpenAI(
         base_url=rig.url + "/v1", api_key=key, max_retries=0, default_headers=headers
     )
@@ -265,14 +247,14 @@ def test_store_false_is_answered_but_not_kept(rig: Rig) -> None:
 async def test_another_tenants_response_is_not_found(rig: Rig, pg_pool: asyncpg.Pool) -> None:
     """Another team, and another free-tier client, meet 404: existence is not revealed."""
     _, other_key = await team_key(pg_pool)
-    owner_ip = _free_ip()
+    owner_ip = free_tier_address()
     team_response = _client(rig, rig.key).responses.create(
         model=rig.model, input="mine", max_output_tokens=1
     )
     free_response = _client(rig, "EMPTY", owner_ip).responses.create(
         model=rig.model, input="mine too", max_output_tokens=1
     )
-    strangers = [_client(rig, other_key), _client(rig, "EMPTY", _free_ip())]
+    strangers = [_client(rig, other_key), _client(rig, "EMPTY", free_tier_address())]
     for stranger in strangers:
         for response in (team_response, free_response):
             with pytest.raises(openai.NotFoundError):

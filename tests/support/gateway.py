@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +206,34 @@ def plan_with(**kw: int) -> Plan:
     )
     base.update(kw)
     return Plan(name="test", **base)  # type: ignore[arg-type]
+
+
+@dataclass
+class StubRig:
+    """A gateway process in front of one stub upstream that serves a model of its own,
+    and a team with a key."""
+
+    url: str
+    upstream: str
+    model: str
+    key: str
+    team_id: int
+
+
+@contextlib.asynccontextmanager
+async def stub_rig(dsn: str, pool: asyncpg.Pool, name: str) -> AsyncIterator[StubRig]:
+    """A :class:`StubRig` whose model and worker are named after ``name``."""
+    model = unique(f"m-{name}")
+    with stub_upstream(f"w-{name}") as (upstream, _):
+        worker = unique(f"w-{name}")
+        await register_workers(pool, model, {worker: upstream})
+        team_id, key = await team_key(pool)
+        with gateway_process(dsn, KVGATE_GATEWAY_BODY_LIMIT="20000") as (url, _):
+            yield StubRig(url, upstream, model, key, team_id)
+        await deregister(pool, [worker])
+
+
+def free_tier_address() -> str:
+    """A client address of its own, so a free-tier test has limits of its own (the test
+    gateways believe loopback's X-Forwarded-For)."""
+    return f"198.18.{secrets.randbelow(250)}.{secrets.randbelow(250) + 1}"
