@@ -52,12 +52,7 @@ class PageKit:
         self.mailer = mailer
         self._trusted_proxies = trusted_proxies
         self.csrf = Csrf(config.session_secret, config.secure_cookies)
-        self.templates = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-        )
-        self.templates.filters["dollars"] = dollars
+        self.templates = template_environment()
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -162,6 +157,18 @@ def login_redirect(request: Request) -> Response:
     if request.method != "GET":
         target = "/console"
     return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+
+
+def template_environment() -> jinja2.Environment:
+    """The pages' Jinja environment: autoescaped, strict about undefined names, with the
+    filters the templates use (one place, so a template check compiles what is served)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["dollars"] = dollars
+    return env
 
 
 def dollars(value: Decimal, places: int | None = None) -> str:

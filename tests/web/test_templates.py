@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-import jinja2
 import pytest
 
+from gateway.pages.kit import template_environment
 from web import STATIC_DIR, TEMPLATES_DIR
 
 TEMPLATES = sorted(p.relative_to(TEMPLATES_DIR).as_posix() for p in TEMPLATES_DIR.rglob("*.html"))
@@ -15,8 +15,9 @@ TEMPLATES = sorted(p.relative_to(TEMPLATES_DIR).as_posix() for p in TEMPLATES_DI
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_template_compiles_and_links_only_static_files_that_exist(name: str) -> None:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), autoescape=True)
-    env.get_template(name)  # a syntax error or a missing parent template raises here
+    template_environment().get_template(
+        name
+    )  # a syntax error or a missing parent template raises here
     text = (TEMPLATES_DIR / name).read_text()
     missing = [
         path
