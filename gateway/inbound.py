@@ -101,18 +101,24 @@ class Inbound:
         return orjson.dumps(body)
 
 
-def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
-    """Validate ``raw`` for ``plan``; raises :class:`ApiError` 400 saying what to fix.
-
-    The body is checked with the workers' own schema (:mod:`protocol.openai_requests`), so
-    a body admitted here is a body a worker accepts; the plan's limits come on top.
-    """
+def json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object; :class:`ApiError` 400 saying what is wrong."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object.")
+    return body
+
+
+def parse(raw: bytes, *, chat: bool, plan: Plan) -> Inbound:
+    """Validate ``raw`` for ``plan``; raises :class:`ApiError` 400 saying what to fix.
+
+    The body is checked with the workers' own schema (:mod:`protocol.openai_requests`), so
+    a body admitted here is a body a worker accepts; the plan's limits come on top.
+    """
+    body = json_object(raw)
     try:
         check_depth(body)
         request = validate(ChatCompletionRequest if chat else CompletionRequest, body)

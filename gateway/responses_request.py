@@ -30,12 +30,7 @@ _PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_for
 
 def read(raw: bytes) -> ResponseCreateRequest:
     """The request in ``raw``; :class:`ApiError` 400 saying what to fix."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "Request body must be a JSON object.")
+    data = inbound.json_object(raw)
     try:
         return responses.parse(data)
     except RequestError as exc:
