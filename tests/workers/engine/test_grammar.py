@@ -8,12 +8,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
+import xgrammar as xgr
 
 from tests.support.engine import run, run_together, tokens
 from tests.support.worker import tiny_engine
 from workers.engine.api import SamplingParams
 from workers.engine.engine import TorchEngine
-from workers.engine.grammar import GrammarError, Grammars, GrammarState
+from workers.engine.grammar import GrammarError, Grammars, GrammarState, _apply_on_cpu
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 
 #: every value bounded, so that even random weights reach the end of the object (strings by
@@ -124,3 +126,23 @@ def test_json_object_takes_objects_and_nothing_else(
     assert all(state.accept(t) for t in tokenizer.encode(text)) == taken
     if taken:  # complete: only the end of the sequence is left
         assert state.accept(2) and state.terminated
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [1, 3]])
+def test_the_cpu_mask_is_xgrammars_mask(rows: list[int]) -> None:
+    """The numpy mask of :func:`constrain` on CPU forbids exactly the tokens xgrammar's own
+    kernel forbids, in the rows named and no others, on a strided view of the logits too."""
+    generator = torch.Generator().manual_seed(7)
+    vocab = 1000  # not a multiple of 32: the last word is partly padding
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32, generator=generator
+    )
+    wide = torch.randn(4, vocab + 5, generator=generator)
+    ours, theirs = wide[:, :vocab], wide[:, :vocab].clone()
+    before = ours.clone()
+    _apply_on_cpu(ours, bitmask, rows)
+    xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=vocab, indices=rows)
+    assert torch.equal(ours, theirs)
+    untouched = [r for r in range(4) if r not in rows]
+    assert torch.equal(ours[untouched], before[untouched])
+    assert bool(torch.isinf(ours[rows]).any())
