@@ -58,6 +58,9 @@ from workers.engine.grammar import Grammar, Grammars
 
 T = TypeVar("T")
 
+#: back-to-back (free, JSON schema) decode pairs whose median ratio is the grammar's cost
+JSON_PAIRS = 9
+
 #: the schema every request of the JSON decode figure is held to: records enough that no
 #: request completes it within the steps measured
 JSON_SCHEMA = {
@@ -260,18 +263,22 @@ async def _measure(
                         on_own_thread(run, threads),
                         f"transformers decode batch {b}",
                     )
-        # the JSON figure and the free one again, alternately: the same load on both
+        # the JSON figure beside the free one, in back-to-back pairs (each first in turn)
         grammar = Grammars.for_tokenizer(
             loaded.tokenizer.backend, vocab_size=vocab, stop_token_ids=engine.eos_token_ids
         ).json_schema(JSON_SCHEMA)
         batch = batches[JSON_BATCH]
-        for _ in range(max(reps, 2)):
-            free = await engine_decode_tps(engine, batch, steps)
-            figures.decode_tps[JSON_BATCH] = max(figures.decode_tps[JSON_BATCH], free)
-            held = await engine_decode_tps(engine, batch, steps, grammar)
-            figures.json_decode_tps = max(figures.json_decode_tps, held)
+        for i in range(JSON_PAIRS):
+            runs = [None, grammar] if i % 2 == 0 else [grammar, None]
+            tps = {g is not None: await engine_decode_tps(engine, batch, steps, g) for g in runs}
+            figures.json_pairs.append((tps[False], tps[True]))
+            figures.decode_tps[JSON_BATCH] = max(figures.decode_tps[JSON_BATCH], tps[False])
+            figures.json_decode_tps = max(figures.json_decode_tps, tps[True])
+            say(
+                f"kvgate decode batch {JSON_BATCH} free / JSON schema: {tps[False]:.1f} / {tps[True]:.1f} tok/s"
+            )
         say(
-            f"kvgate decode batch {JSON_BATCH} with a JSON schema: {figures.json_decode_tps:.1f} tok/s"
+            f"JSON schema at batch {JSON_BATCH}: {1 - figures.json_vs_free:.1%} slower (median pair)"
         )
     yardsticks()
     for n, tps in figures.prefill_tps.items():

@@ -120,6 +120,28 @@ def test_quick_run_writes_every_figure(
     assert figures["bandwidth_gbs"] == max(figures["bandwidth_samples"]) > 0
     assert set(figures["ratios"]["prefill_vs_transformers"]) == {"128", "512", "2048"}
     assert figures["ratios"]["decode_batch1_vs_bandwidth_floor"] > 0
+    assert len(figures["json_pairs"]) == 9
+    assert figures["json_decode_tps"] == max(held for _, held in figures["json_pairs"])
     assert len(figures["targets"]) == 8
     report = out.read_text()
     assert "## Targets" in report and report in result.output
+
+
+def test_the_grammar_cost_is_the_median_pair() -> None:
+    """The JSON-schema verdict takes the median of the back-to-back pairs' ratios, so one
+    disturbed run (here a free run twice as fast) does not decide it."""
+    run = replace(
+        figures({128: (1.0, 1.0)}, {1: 10.0, 8: 200.0}, {}),
+        json_pairs=[(100.0, 95.0), (200.0, 96.0), (100.0, 97.0)],
+        json_decode_tps=97.0,
+    )
+    assert run.ratios()["json_decode_vs_free"] == 0.95
+    verdict = run.targets()[-1]
+    assert verdict == (
+        "batch-8 decode with a JSON schema costs <= 10%",
+        True,
+        "median of 3 back-to-back pairs: 5.0% slower",
+    )
+    slow = replace(run, json_pairs=[(100.0, 85.0), (100.0, 95.0), (100.0, 80.0)])
+    assert slow.targets()[-1][1] is False
+    assert "100.0 / 85.0, 100.0 / 95.0, 100.0 / 80.0" in render(slow)
