@@ -14,8 +14,10 @@ One pass, in order:
 3. **NAS watermarks**: above the high watermark, the least recently used pages are copied
    to the object store (verified on the way: only blocks that decode are uploaded; a page
    whose row already claims an object is copied too unless a HEAD finds the object) and
-   only then deleted from the NAS, down to the low watermark.
-4. **Object-store capacity**: above its limit, the coldest objects are deleted.
+   only then deleted from the NAS, down to the low watermark. Room is made in the object
+   store before each upload, so that it never holds more than its limit.
+4. **Object-store capacity**: above its limit (a lowered limit, or a demotion larger than
+   it), the coldest objects are deleted.
 
 Between passes tierd checks the NAS's bytes in the ledger every ``watermark_check_s`` (one
 sum over the ledger) and starts a pass at once when they cross the high watermark: writers fill the
@@ -265,6 +267,10 @@ class Tierd:
             return
         blocks = await self.nas.get_many([r.key for r in rows])
         good = [b for b in blocks if b is not None]
+        if self.config.object_max_bytes:
+            # room first, so that the store never holds more than its limit
+            incoming = sum(len(encode_header(b)) + b.nbytes for b in good)
+            await self._trim_object(self.config.object_max_bytes - incoming, report)
         await self.obj.put_many(good)  # raises on failure: then nothing is deleted
         await self.ledger.record(
             [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in good], OBJECT
@@ -273,14 +279,20 @@ class Tierd:
 
     async def _cap(self, report: PassReport) -> None:
         limit = self.config.object_max_bytes
-        if self.obj is None or not limit:
-            return
+        if self.obj is not None and limit:
+            await self._trim_object(limit, report)
+
+    async def _trim_object(self, target: int, report: PassReport) -> None:
+        """Delete the coldest objects until the object tier holds at most ``target`` bytes
+        (at least nothing: a batch larger than the limit empties it, and :meth:`_cap`
+        trims the batch after)."""
+        assert self.obj is not None
         used = await self.ledger.usage(OBJECT)
-        while used > limit:
+        while used > max(target, 0):
             rows = await self.ledger.coldest(OBJECT, self.config.batch_pages)
             if not rows:
                 break
-            rows = _enough(rows, used - limit)
+            rows = _enough(rows, used - max(target, 0))
             await self.obj.delete_many([r.key for r in rows])
             await self.ledger.drop([r.key for r in rows], OBJECT)
             report.object_deleted += len(rows)
