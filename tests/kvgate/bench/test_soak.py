@@ -35,3 +35,29 @@ def test_verdicts_flag_a_growing_part_and_a_tier_over_its_limit() -> None:
     assert found["parts"]["gateway"]["ok"] and not found["parts"]["worker"]["ok"]
     assert found["parts"]["postgres"]["ok"] and found["parts"]["postgres"]["memory"] == "uss"
     assert not found["tiers"]["ok"]  # the NAS ended above its high watermark
+
+
+def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
+    """A pool closing one of Postgres' backends (~30 files) is no leak, nor is a part
+    ending with fewer descriptors; one process gaining descriptors is."""
+    n = 50
+    flat = [80 * MIB] * n
+    backends = [16] * (n // 2) + [15] * (n // 2)
+    samples = Samples(
+        t=list(range(n)),
+        rss={"postgres": flat, "gateway": flat, "tierd": flat},
+        uss={"postgres": flat, "gateway": flat, "tierd": flat},
+        pss={"postgres": flat, "gateway": flat, "tierd": flat},
+        procs={"postgres": backends, "gateway": [1] * n, "tierd": [1] * n},
+        fds={
+            "postgres": [30 * b for b in backends],
+            "gateway": [40] * (n // 2) + [20] * (n // 2),
+            "tierd": [20 + i for i in range(n)],
+        },
+        nas=[0] * n,
+        objects=[0] * n,
+    )
+    parts = verdicts(samples)["parts"]
+    assert parts["postgres"]["ok"] and parts["postgres"]["fds_change"] == 0
+    assert parts["gateway"]["ok"] and parts["gateway"]["fds_change"] == -20
+    assert not parts["tierd"]["ok"] and parts["tierd"]["fds_change"] > 4
