@@ -267,14 +267,13 @@ class Tierd:
             return
         blocks = await self.nas.get_many([r.key for r in rows])
         good = [b for b in blocks if b is not None]
+        entries = [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in good]
         if self.config.object_max_bytes:
             # room first, so that the store never holds more than its limit
-            incoming = sum(len(encode_header(b)) + b.nbytes for b in good)
+            incoming = sum(e.size for e in entries)
             await self._trim_object(self.config.object_max_bytes - incoming, report)
         await self.obj.put_many(good)  # raises on failure: then nothing is deleted
-        await self.ledger.record(
-            [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in good], OBJECT
-        )
+        await self.ledger.record(entries, OBJECT)
         report.demoted += len(good)
 
     async def _cap(self, report: PassReport) -> None:

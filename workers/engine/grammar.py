@@ -160,13 +160,15 @@ def _apply_on_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[in
     words are little-endian, so their bytes unpacked little-end first are the tokens in
     order (a big-endian host takes xgrammar's kernel instead).
     """
-    vocab = logits.shape[-1]
-    words = bitmask[list(rows)].numpy()
-    allowed = np.unpackbits(words.view(np.uint8), axis=-1, count=vocab, bitorder="little")
+    index = list(rows)
+    words = bitmask[index].numpy()
+    allowed = np.unpackbits(
+        words.view(np.uint8), axis=-1, count=logits.shape[-1], bitorder="little"
+    )
     view = logits.numpy()
-    if len(rows) == logits.shape[0]:
+    if len(index) == logits.shape[0]:
         np.copyto(view, -np.inf, where=allowed == 0)
     else:
-        picked = view[list(rows)]
+        picked = view[index]
         np.copyto(picked, -np.inf, where=allowed == 0)
-        view[list(rows)] = picked
+        view[index] = picked
