@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 import psutil
 
 from kvgate.bench.multiturn.driver import Plan, Target, run
 from kvgate.bench.multiturn.workload import Shape, conversations
 from kvgate.bench.output import cpu_name, publish, source_commit
+from kvgate.models.registry import served_model_id
 from kvgate.settings import Settings
 from kvgate.stack.ports import free_port
 
@@ -243,6 +245,25 @@ def _team_key(env: dict[str, str]) -> str:
     return re.search(r"kvg_\S+", out).group(0)  # type: ignore[union-attr]
 
 
+def _wait_for_model(gateway: str, key: str, model: str, deadline_s: float) -> None:
+    """Poll the gateway's ``/v1/models`` until it lists ``model``: "stack is up" means every
+    process answers, not that the worker's registration has reached the gateway yet."""
+    end = time.monotonic() + deadline_s
+    listed: list[str] = []
+    while time.monotonic() < end:
+        try:
+            r = httpx.get(f"{gateway}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            listed = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+        except httpx.HTTPError:
+            listed = []
+        if model in listed:
+            return
+        time.sleep(0.2)  # a poll interval, not synchronisation: the loop checks the state
+    raise click.ClickException(
+        f"the gateway did not list model {model!r} within {deadline_s:.0f} s (it lists {listed})"
+    )
+
+
 def _load(gateway: str, key: str, deadline: float, errors: list[str]) -> int:
     """Rounds of seeded conversations until ``deadline``; the requests played."""
     played, seed = 0, 0
@@ -347,6 +368,7 @@ def soak(
         gateway = lines.wait_for(r"^ready  gateway  ", STARTUP_DEADLINE_S).split("  ")[2]
         lines.wait_for(r"^stack is up", STARTUP_DEADLINE_S)
         key = _team_key(env)
+        _wait_for_model(gateway, key, served_model_id(model), STARTUP_DEADLINE_S)
         up, t0 = psutil.Process(stack.pid), time.monotonic()
         deadline = t0 + minutes * 60
         bucket = _bucket_bytes(s3)

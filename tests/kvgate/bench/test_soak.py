@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import click
 import pytest
 
-from kvgate.bench.soak import LIMITS, MIB, Samples, growth, verdicts
+from kvgate.bench.soak import LIMITS, MIB, Samples, _wait_for_model, growth, verdicts
 
 
 def test_growth_ignores_the_warm_up_and_sees_what_keeps_rising() -> None:
@@ -61,3 +66,53 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
     assert parts["postgres"]["ok"] and parts["postgres"]["fds_change"] == 0
     assert parts["gateway"]["ok"] and parts["gateway"]["fds_change"] == -20
     assert not parts["tierd"]["ok"] and parts["tierd"]["fds_change"] > 4
+
+
+class _Models(BaseHTTPRequestHandler):
+    """``GET /v1/models``: an empty list for the first ``empty`` calls, then ``listed``."""
+
+    empty = 0
+    listed = ("tiny-random",)
+    calls = 0
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        cls.calls += 1
+        models = [] if cls.calls <= cls.empty else [{"id": m} for m in cls.listed]
+        body = json.dumps({"object": "list", "data": models}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def models_server() -> Iterator[type[_Models]]:
+    handler = type("Models", (_Models,), {"calls": 0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_load_waits_until_the_gateway_lists_the_model(models_server: type[_Models]) -> None:
+    models_server.empty = 3  # the worker's registration reaches the gateway a while after
+    _wait_for_model(models_server.url, "kvg_x", "tiny-random", 30)  # type: ignore[attr-defined]
+    assert models_server.calls == 4
+
+
+def test_a_model_never_listed_stops_the_soak_with_what_is_listed(
+    models_server: type[_Models],
+) -> None:
+    models_server.listed = ("other-model",)
+    with pytest.raises(click.ClickException, match=r"did not list model 'tiny-random'.*other"):
+        _wait_for_model(models_server.url, "kvg_x", "tiny-random", 0.5)  # type: ignore[attr-defined]
