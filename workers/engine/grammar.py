@@ -20,13 +20,16 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import xgrammar as xgr
 from tokenizers import Tokenizer as HFTokenizer
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    # imported where used: xgrammar pulls in transformers, ~0.8 s of a worker's start that
+    # only a request with a grammar needs (Python imports each once; later uses are free)
+    import xgrammar as xgr
 
 #: Most whitespace characters between two JSON tokens inside a tool call's arguments. Small
 #: models can fall into emitting newlines for ever inside a JSON object; a cap ends that
@@ -54,6 +57,8 @@ class Grammars:
     """Compiles grammars for one model's vocabulary (thread-safe; results are cached)."""
 
     def __init__(self, info: xgr.TokenizerInfo) -> None:
+        import xgrammar as xgr
+
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=64 * 2**20)
 
     @classmethod
@@ -62,6 +67,9 @@ class Grammars:
     ) -> Grammars:
         """Grammars over ``backend``'s vocabulary, padded to the model's ``vocab_size`` (its
         logits' width), ending on ``stop_token_ids`` (the model's EOS ids)."""
+        import xgrammar as xgr
+        from transformers import PreTrainedTokenizerFast
+
         # xgrammar reads the vocabulary's kind (byte-level or not) from a transformers tokenizer
         wrapped = PreTrainedTokenizerFast(tokenizer_object=backend)
         info = xgr.TokenizerInfo.from_huggingface(
@@ -102,6 +110,8 @@ class GrammarState:
     """One request's place in its grammar."""
 
     def __init__(self, grammar: Grammar) -> None:
+        import xgrammar as xgr
+
         self.grammar = grammar
         self._matcher = xgr.GrammarMatcher(grammar.compiled)
 
@@ -135,6 +145,8 @@ def constrain(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> No
     rows = [i for i, s in enumerate(states) if s is not None]
     if not rows:
         return
+    import xgrammar as xgr
+
     vocab = logits.shape[-1]
     bitmask = xgr.allocate_token_bitmask(len(states), vocab)
     rows = [i for i in rows if states[i].fill(bitmask, i)]  # type: ignore[union-attr]
