@@ -16,7 +16,7 @@ from kvgate.bench.multiturn.compare import CONFIGS, Compare
 from kvgate.bench.multiturn.sizing import Rates, measured_requests, request_tokens
 
 #: processes each configuration starts (workers, gateway, agents, tierd) in worker starts
-STARTS = {"gateway_shared": 3.0, "object": 1.5}
+STARTS = {"gateway_shared": 2.0, "object": 1.5}
 #: the share of the budget kept back for what the prediction leaves out (services, plots)
 MARGIN = 0.1
 
@@ -71,21 +71,39 @@ def no_reuse_s(rates: Rates, compare: Compare, requests: int) -> float:
     return 2 * rates.worker_start_s + 2 * requests * first
 
 
-def fit(
-    budget_s: float, fixed_s: float, workloads: dict[str, tuple[Compare, Costs, Sequence[str]]]
-) -> dict[str, int]:
+Workload = tuple[Compare, Costs, Sequence[str]]
+"""A workload's comparison, its predicted costs and the configurations it is played in."""
+
+
+def fit(budget_s: float, fixed_s: float, workloads: dict[str, Workload]) -> dict[str, int]:
     """Measured turns per workload (played in its configurations): what is left of
     ``budget_s`` after ``fixed_s`` and the primings, split evenly between the workloads; at
     least one turn per client, at most one per primed conversation."""
     left = budget_s * (1 - MARGIN) - fixed_s
     left -= sum(c.priming_s + c.configs_s(0, only) for _, c, only in workloads.values())
     share = left / max(1, len(workloads))
-    return {
-        name: measured_requests(
-            share,
-            costs_.configs_s(1, only) - costs_.configs_s(0, only),
-            compare.spec.clients,
-            len(compare.workload),
-        )
-        for name, (compare, costs_, only) in workloads.items()
-    }
+    return {name: _turns(share, workload) for name, workload in workloads.items()}
+
+
+def refit(left_s: float, now: Workload, later: Sequence[Workload]) -> int:
+    """Measured turns for the workload ``now``, whose priming has just ended, when the
+    budget has ``left_s`` seconds left for the workloads: ``now``'s configuration starts
+    and the ``later`` workloads' primings and starts set aside, the rest is split evenly
+    between ``now`` and each of ``later``. What the run really took so far, not what was
+    predicted of it, decides: a calibration that misjudged the machine is caught here."""
+    _, costs_, only = now
+    left = left_s * (1 - MARGIN) - costs_.configs_s(0, only)
+    left -= sum(c.priming_s + c.configs_s(0, o) for _, c, o in later)
+    return _turns(left / (1 + len(later)), now)
+
+
+def _turns(share_s: float, workload: Workload) -> int:
+    """The measured turns ``share_s`` seconds pay for in each of ``workload``'s
+    configurations, between one per client and one per primed conversation."""
+    compare, costs_, only = workload
+    return measured_requests(
+        share_s,
+        costs_.configs_s(1, only) - costs_.configs_s(0, only),
+        compare.spec.clients,
+        len(compare.workload),
+    )

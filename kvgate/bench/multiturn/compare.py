@@ -127,17 +127,19 @@ class Compare:
 
     def resize(self, measured: int) -> None:
         """Play ``measured`` follow-up turns per configuration (round-robin from the primed
-        histories); the pool grows to hold the largest request they reach."""
+        histories); the pool grows to hold the largest request they reach. After priming
+        the pool is fixed: ``measured`` may then change only within one turn per primed
+        conversation."""
         self.measured = measured
         last = 1 + max(0, measured - 1) // len(self.workload)
         self.pool_tokens = sizing.pool_tokens(self.workload, self.spec.clients, range(1, last + 1))
         self._last_turn = last
 
     # --- priming ---------------------------------------------------------------------------
-    def prime_and_host(self) -> ConfigRun:
+    def prime_and_host(self, primed: Callable[[], None] = lambda: None) -> ConfigRun:
         """Prime on the ``host`` worker (first turns, reported as :attr:`first_turns`),
-        keep a copy of its NAS and ledger as the primed site, then play ``host``'s measured
-        turns on it."""
+        keep a copy of its NAS and ledger as the primed site, call ``primed`` (a budgeted
+        run sizes its measured turns there), then play ``host``'s measured turns on it."""
         room = int(self.working_set_tokens() * HOST_ALL_SLACK) + self.pool_tokens
         site = self._site("host", tier_host_bytes=room * self.kv_bytes)
         with stack.worker("host", "host,nas", site, self.log_dir / "host") as url:
@@ -151,6 +153,7 @@ class Compare:
             asyncio.run(noreuse.drained(url))
             # frozen here: host's own measured turns must not leave pages the others find
             self._primed_site = stack.snapshot(self.svc, site, f"{self.spec.workload}_primed")
+            primed()
             return self._play("host", self._target(url))
 
     # --- one configuration -----------------------------------------------------------------
@@ -240,14 +243,12 @@ class Compare:
         cores = max(1, (os.cpu_count() or 1) // len(GATEWAY_WORKERS))
         site = replace(site, env=site.env | {"OMP_NUM_THREADS": str(cores)})
         model = load_settings().worker_model or DEFAULT_MODEL  # the id the workers serve
-        with contextlib.ExitStack() as workers:
-            for wid in GATEWAY_WORKERS:
-                workers.enter_context(
-                    stack.registered_worker(wid, "host,nas,object", model, site, logs)
-                )
-            with stack.gateway(site, logs) as url:
-                target = Target(url, api_key=stack.api_key(site, self.salt), model=model)
-                yield target, alternating_sessions(model, GATEWAY_WORKERS)
+        with (
+            stack.registered_workers(GATEWAY_WORKERS, "host,nas,object", model, site, logs),
+            stack.gateway(site, logs) as url,
+        ):
+            target = Target(url, api_key=stack.api_key(site, self.salt), model=model)
+            yield target, alternating_sessions(model, GATEWAY_WORKERS)
 
 
 #: the turn that brings a history into ``infinite``'s pool

@@ -191,6 +191,7 @@ def _budget_line(data: dict[str, Any]) -> str:
     line = (
         f"a calibration worker measured prefill at {rates or '—'} and a decode step of "
         f"{cal.get('decode_step_s', 0):.3f} s with {cal.get('clients', '—')} requests batched"
+        f", plus {cal.get('decode_per_context_s', 0) * 1e6:.1f} µs per token of a request's context"
     )
     if b.get("budget_s"):
         line += (

@@ -70,7 +70,13 @@ def _no_reuse_overhead(d: dict) -> float:
 
 def _restore(d: dict, source: str) -> float:
     samples = d["restore"][str(RESTORE_HISTORY)]
-    return samples[source]["ttft"] / samples["resident"]["ttft"]
+    return samples[source]["ttft"] / resident_of(samples, source)["ttft"]
+
+
+def resident_of(samples: dict[str, dict], source: str) -> dict:
+    """The resident sample ``source`` is compared with: asked on the same worker between its
+    restores where the run did so (``resident_<source>``), else the first worker's."""
+    return samples.get(f"resident_{source}", samples["resident"])
 
 
 def _workload_figures(c: dict[str, dict], prefix: str) -> dict[str, Callable[[], float]]:
@@ -145,7 +151,7 @@ def restore_shortfall(data: dict, key: str) -> str:
     tier = RESTORE_FIGURES[key]
     bound = next(t.bound_for(data) for t in TARGETS if t.key == key)
     samples = data["restore"][str(RESTORE_HISTORY)]
-    resident = samples["resident"]["ttft"]
+    resident = resident_of(samples, tier)["ttft"]
     moved = samples[tier]["cached_by_tier"].get(tier, 0) * data["kv_bytes_per_token"]
     allowed = (bound - 1) * resident
     got = moved / max(samples[tier]["ttft"] - resident, 1e-9)
@@ -197,7 +203,7 @@ def physics(data: dict) -> dict[str, Any]:
             s = samples.get(tier)
             if s is None:  # a run without that tier
                 continue
-            extra = s["ttft"] - samples["resident"]["ttft"]
+            extra = s["ttft"] - resident_of(samples, tier)["ttft"]
             moved = s["cached_by_tier"].get(tier, 0) * kv
             if moved and extra > 0:
                 bandwidth.setdefault(tier, {})[length] = moved / extra

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ QUICK = RunSpec(
                small_l2_tokens=1024, small_nas_tokens=4096,
                configs=tuple(c for c in CONFIGS if c != "gateway_shared")),
     ),
-    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=3, recompute=1),
+    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=5, recompute=1),
     no_reuse_requests=3, no_reuse_clients=1, budget_s=900,
 )  # fmt: skip
 #: The full run: idle conversations 8x the pool, 8 chat clients, every conversation played
@@ -151,9 +152,10 @@ def compare_run(
             data["calibration"] = rates.as_dict()
             data["phase_seconds"]["calibration"] = time.perf_counter() - started
             compares = {s.workload: Compare(svc, s, kv, root / "logs") for s in specs}
-            _size(spec, compares, rates, only, data)
+            costs = _size(spec, compares, rates, only, data)
             for compare in compares.values():
-                _play_workload(compare, only, data)
+                refit = _refitter(spec, compares, costs, only, data, started, compare)
+                _play_workload(compare, only, data, refit)
             _restore_and_no_reuse(svc, spec, kv, seed, root, data)
     except (SystemExit, KeyboardInterrupt) as exc:  # a time limit: report what was measured
         stopped = exc
@@ -201,8 +203,9 @@ def _size(
     rates: sizing.Rates,
     only: tuple[str, ...],
     data: dict[str, Any],
-) -> None:
-    """Measured turns per workload from the budget (or the spec), and the prediction."""
+) -> dict[str, budget.Costs]:
+    """Measured turns per workload from the budget (or the spec), and the prediction; the
+    predicted costs of each workload."""
     costs = {wl: budget.costs(c, rates) for wl, c in compares.items()}
     chat = compares.get("chat") or next(iter(compares.values()), None)
     restore_s = budget.restore_s(
@@ -229,6 +232,37 @@ def _size(
         },
         "measured_turns": sizes,
     }
+    return costs
+
+
+def _refitter(
+    spec: RunSpec,
+    compares: dict[str, Compare],
+    costs: dict[str, budget.Costs],
+    only: tuple[str, ...],
+    data: dict[str, Any],
+    started: float,
+    compare: Compare,
+) -> Callable[[], None]:
+    """What sizes ``compare``'s measured turns again once it is primed, from the seconds the
+    budget really has left then (nothing, for a run without a budget)."""
+
+    def refit() -> None:
+        if not spec.budget_s:
+            return
+        names = list(compares)
+        wl = compare.spec.workload
+        later = [(compares[w], costs[w], configs_of(compares[w], only)) for w in names[names.index(wl) + 1 :]]  # fmt: skip
+        predicted = data["budget"]["predicted_s"]
+        left = spec.budget_s - (time.perf_counter() - started)
+        left -= predicted["restore"] + predicted["no_reuse"]
+        turns = budget.refit(left, (compare, costs[wl], configs_of(compare, only)), later)
+        compare.resize(turns)
+        data["budget"]["measured_turns"][wl] = turns
+        data["workloads"][wl]["measured_turns"] = turns
+        click.echo(f"=== {wl} primed: {turns} measured turns per configuration", err=True)
+
+    return refit
 
 
 def configs_of(compare: Compare, only: tuple[str, ...]) -> tuple[str, ...]:
@@ -236,9 +270,14 @@ def configs_of(compare: Compare, only: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c for c in only if c in compare.spec.configs)
 
 
-def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]) -> None:
-    """Prime ``compare``'s workload and play each configuration in ``only``, into
-    ``data["workloads"]``."""
+def _play_workload(
+    compare: Compare,
+    only: tuple[str, ...],
+    data: dict[str, Any],
+    primed: Callable[[], None] = lambda: None,
+) -> None:
+    """Prime ``compare``'s workload, call ``primed``, and play each configuration in
+    ``only``, into ``data["workloads"]``."""
     wl = compare.spec.workload
     click.echo(f"=== {wl}: {len(compare.workload)} conversations, pool {compare.pool_tokens} tokens, "
                f"{compare.measured} measured turns per configuration", err=True)  # fmt: skip
@@ -260,7 +299,7 @@ def _play_workload(compare: Compare, only: tuple[str, ...], data: dict[str, Any]
         click.echo(f"--- {wl} {name}", err=True)
         start = time.perf_counter()
         try:
-            result = compare.prime_and_host() if name == "host" else compare.play(name)
+            result = compare.prime_and_host(primed) if name == "host" else compare.play(name)
         except (bench_stack.PartError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
             data["failures"][f"{wl}.{name}"] = str(exc)
             click.echo(f"{wl} {name} failed: {exc}", err=True)

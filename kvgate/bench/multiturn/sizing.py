@@ -82,13 +82,17 @@ def infinite_pool_tokens(
 @dataclass(frozen=True)
 class Rates:
     """What :func:`calibrate` measured: prefill seconds as ``a n + b n^2`` for an ``n``-token
-    prompt, and the seconds of one decode step with ``clients`` requests in the batch."""
+    prompt, the seconds of one decode step with ``clients`` short requests in the batch, and
+    what each token of a request's context adds to its share of a step (a decode step reads
+    every sequence's whole KV: at 2k tokens SmolLM2's step on a 2-core EPYC is ~40% slower
+    than at 16)."""
 
     prefill_a: float
     prefill_b: float
     decode_step_s: float
     clients: int
     worker_start_s: float
+    decode_per_context_s: float = 0.0
 
     def prefill_s(self, new: int, cached: int = 0) -> float:
         """Seconds to prefill ``new`` tokens after ``cached`` tokens already in the pool."""
@@ -97,8 +101,11 @@ class Rates:
 
     def request_s(self, prompt: int, cached: int, answer: int) -> float:
         """One request's share of the machine when ``clients`` run at once: its prefill,
-        and its answer's decode steps shared with the others in the batch."""
-        return self.prefill_s(prompt - cached, cached) + answer * self.decode_step_s / self.clients
+        and its answer's decode steps shared with the others in the batch, each also
+        reading the request's own context (``prompt`` tokens and the answer so far)."""
+        context = prompt + answer / 2
+        step = self.decode_step_s / self.clients + self.decode_per_context_s * context
+        return self.prefill_s(prompt - cached, cached) + answer * step
 
     def as_dict(self) -> dict[str, float]:
         """Plain values for JSON, with the prefill rate at each calibration length."""
@@ -126,16 +133,16 @@ async def _calibrate(url: str, clients: int, worker_start_s: float, seed: int) -
             return result
 
         await ask(32, 2)  # first-touch costs of a fresh process are not the machine's rate
-        (n1, t1), (n2, t2) = [
-            (r.prompt_tokens - r.cached_tokens, r.ttft)
-            for r in [await ask(n, 1) for n in CALIBRATION_PROMPTS]
-        ]
+        short, long = [await ask(n, CALIBRATION_ANSWER) for n in CALIBRATION_PROMPTS]
+        alone = await ask(16, CALIBRATION_ANSWER)
         batch = await asyncio.gather(*(ask(16, CALIBRATION_ANSWER) for _ in range(clients)))
+    (n1, t1), (n2, t2) = [(r.prompt_tokens - r.cached_tokens, r.ttft) for r in (short, long)]
     # t = a n + b n^2 through both points (b >= 0: attention never makes tokens cheaper)
     b = max(0.0, (t2 / n2 - t1 / n1) / (n2 - n1))
     a = max(t1 / n1 - b * n1, 1e-6)
     step = percentile([r.tpot for r in batch], 50)
-    return Rates(a, b, step, clients, worker_start_s)
+    per_context = max(0.0, (long.tpot - alone.tpot) / (long.prompt_tokens - alone.prompt_tokens))
+    return Rates(a, b, step, clients, worker_start_s, per_context)
 
 
 def measured_requests(budget_s: float, per_request_s: float, low: int, high: int) -> int:

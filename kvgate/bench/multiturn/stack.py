@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -143,31 +143,55 @@ def start_process(
 ) -> ProcessPart:
     """Start ``argv`` and return it once ``GET probe_url`` answers 2xx (stopped again if it
     never does: ``PartError``)."""
-    part = ProcessPart(
-        name,
-        argv,
-        probe=http_probe(probe_url, Ready(probe_url)),
-        log_path=log_dir / f"{name}.log",
-        env=env,
-        stop_timeout=60.0,
-    )
-    part.start({})
+    return start_processes([(name, argv, probe_url)], log_dir, env)[0]
+
+
+def start_processes(
+    specs: list[tuple[str, list[str], str]], log_dir: Path, env: dict[str, str]
+) -> list[ProcessPart]:
+    """Start every ``(name, argv, probe_url)`` at once and return them once each probe
+    answers 2xx: their start-ups (imports, model loading) overlap. All are stopped again if
+    one never answers (``PartError``)."""
+    parts = [
+        ProcessPart(
+            name,
+            argv,
+            probe=http_probe(url, Ready(url)),
+            log_path=log_dir / f"{name}.log",
+            env=env,
+            stop_timeout=60.0,
+        )
+        for name, argv, url in specs
+    ]
+    started: list[ProcessPart] = []
     try:
+        for part in parts:
+            part.start({})
+            started.append(part)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                if part.probe() is not None:
-                    return part
-            except PartError:
-                raise
-            except Exception:  # not listening yet
-                pass
-            if time.monotonic() > deadline:
-                raise PartError(f"{name} did not answer {probe_url} in {READY_TIMEOUT_S:.0f} s")
-            time.sleep(0.5)
+        waiting = list(zip(parts, specs, strict=True))
+        while waiting:
+            waiting = [(part, spec) for part, spec in waiting if not _ready(part)]
+            if waiting and time.monotonic() > deadline:
+                name, _, url = waiting[0][1]
+                raise PartError(f"{name} did not answer {url} in {READY_TIMEOUT_S:.0f} s")
+            if waiting:
+                time.sleep(0.1)  # the poll period; readiness is what the loop checks
+        return parts
     except BaseException:
-        part.stop()
+        for part in started:
+            part.stop()
         raise
+
+
+def _ready(part: ProcessPart) -> bool:
+    """Whether ``part`` answers its probe; ``PartError`` when it has died."""
+    try:
+        return part.probe() is not None
+    except PartError:
+        raise
+    except Exception:  # not listening yet
+        return False
 
 
 @contextlib.contextmanager
@@ -206,15 +230,22 @@ def worker(name: str, tiers: str, site: Site, log_dir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def registered_worker(
-    worker_id: str, tiers: str, model: str, site: Site, log_dir: Path
-) -> Iterator[str]:
-    """A benchmark worker under ``kvgate agent`` (so gateways route to it); yields its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = registered_worker_argv(worker_id, tiers, model, port)
-    with process(worker_id, argv, f"{url}/health", log_dir, site.env):
-        yield url
+def registered_workers(
+    worker_ids: Sequence[str], tiers: str, model: str, site: Site, log_dir: Path
+) -> Iterator[list[str]]:
+    """Benchmark workers under ``kvgate agent`` (so gateways route to them), started at once;
+    yields their URLs."""
+    ports = [free_port() for _ in worker_ids]
+    specs = [
+        (wid, registered_worker_argv(wid, tiers, model, port), f"http://127.0.0.1:{port}/health")
+        for wid, port in zip(worker_ids, ports, strict=True)
+    ]
+    parts = start_processes(specs, log_dir, site.env)
+    try:
+        yield [url.rsplit("/", 1)[0] for _, _, url in specs]
+    finally:
+        for part in parts:
+            part.stop()
 
 
 def registered_worker_argv(worker_id: str, tiers: str, model: str, port: int) -> list[str]:

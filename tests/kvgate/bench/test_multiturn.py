@@ -93,6 +93,11 @@ def test_a_budget_buys_the_turns_it_can_pay_for_within_bounds() -> None:
     assert rates.prefill_s(1000, 0) == pytest.approx(2.0 + 0.1)
     assert rates.prefill_s(1000, 1000) == pytest.approx(2.0 + 0.3)  # attention over the cache
     assert rates.request_s(1100, 1000, 100) == pytest.approx(rates.prefill_s(100, 1000) + 10.0)
+    # each step also reads the request's context: 1100 prompt tokens + half the answer
+    reading = sizing.Rates(0.002, 1e-7, 0.2, 2, 10.0, decode_per_context_s=1e-5)
+    assert reading.request_s(1100, 1000, 100) == pytest.approx(
+        rates.request_s(1100, 1000, 100) + 100 * 1e-5 * 1150
+    )
     assert sizing.measured_requests(100.0, 9.0, 2, 20) == 11
     assert sizing.measured_requests(10.0, 9.0, 2, 20) == 2
     assert sizing.measured_requests(1e6, 9.0, 2, 20) == 20
