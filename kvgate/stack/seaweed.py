@@ -31,8 +31,13 @@ class S3Endpoint:
 #: sets one. Without it the Go heap grows to twice what is live before each collection
 #: (``GOGC=100``), and a server taking steady writes keeps raising its RSS for many minutes
 #: with garbage: 16 KiB puts with 4,000 objects kept took it from 117 to 412 MiB in 7,800
-#: puts, and on, where with this limit it stayed at 116-125 MiB (its live heap is ~40 MiB).
-#: A soft limit: when more is live, Go goes over it rather than fail.
+#: puts, and on, where with this limit it stayed at 116-125 MiB. A soft limit: when more is
+#: live, Go goes over it rather than fail. And more is live: ~250 MB of buffers the filer
+#: allocates whole at start (its leveldb memtable, its metadata log rings) count as heap
+#: though RSS holds only their written pages, so under this limit the collector runs back
+#: to back (23 times a second in a churn like tierd's, whose requests then took ~25% longer
+#: than under 512 MiB, where RSS reached 343 MiB instead). Memory is what this stack is
+#: short of; the limit stays (docs/benchmarks/soak.md).
 WEED_MEMORY_LIMIT = "256MiB"
 
 
