@@ -159,8 +159,9 @@ def method(data: dict[str, Any]) -> list[str]:
             f"max_tokens). {w['conversations']} conversations are primed (their first turns, "
             f"on `host`, reported apart), then every configuration plays the same "
             f"{w['measured_turns']} follow-up turns from the same histories with "
-            f"{w['clients']} closed-loop clients, round-robin. The device pool holds "
-            f"{w['pool_tokens']} tokens, what {w['clients']} requests need at once; the idle "
+            f"{_count(w['clients'], 'closed-loop client')}, round-robin. The device pool "
+            f"holds {w['pool_tokens']} tokens, what {_count(w['clients'], 'request')} "
+            "need at once; the idle "
             f"histories add up to {w['idle_tokens']} tokens, {w['idle_over_pool']:.1f}x the "
             "pool. `infinite` has a pool that holds everything."
         )
@@ -181,6 +182,11 @@ def method(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 ("1 request", "8 requests")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _budget_line(data: dict[str, Any]) -> str:
     b, cal = data.get("budget", {}), data.get("calibration", {})
     rates = ", ".join(
@@ -190,7 +196,8 @@ def _budget_line(data: dict[str, Any]) -> str:
     )
     line = (
         f"a calibration worker measured prefill at {rates or '—'} and a decode step of "
-        f"{cal.get('decode_step_s', 0):.3f} s with {cal.get('clients', '—')} requests batched"
+        f"{cal.get('decode_step_s', 0):.3f} s with {_count(cal.get('clients', 0), 'request')} "
+        "batched"
         f", plus {cal.get('decode_per_context_s', 0) * 1e6:.1f} µs per token of a request's context"
     )
     if b.get("budget_s"):
