@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -88,10 +88,19 @@ class Settings(BaseSettings):
         ge=0,
         description="Above this tierd demotes the NAS's coldest pages to S3, down to the low "
         "watermark; checked every KVGATE_TIERD_WATERMARK_CHECK_S, so the NAS goes over it only "
-        "by what the workers write before the demotion catches up (0 = no limit).",
+        "by what the workers write before the demotion catches up, at most to "
+        "KVGATE_TIER_NAS_MAX_BYTES (0 = no limit).",
     )
     tier_nas_low_bytes: int = Field(
         8 << 30, ge=0, description="...down to this many bytes on the NAS."
+    )
+    tier_nas_max_bytes: int = Field(
+        0,
+        ge=0,
+        description="Hard cap on the NAS's bytes (per the ledger): a worker writes no page that "
+        "would take the NAS above it; such a page stays in host RAM only, counted as "
+        "write_full. Set it above KVGATE_TIER_NAS_HIGH_BYTES, so that tierd demotes before "
+        "writers reach it (0 = no cap).",
     )
     tier_object_max_bytes: int = Field(
         0, ge=0, description="tierd deletes the coldest S3 pages above this (0 = no limit)."
@@ -303,6 +312,19 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, toml)
 
     # --- derived paths ---------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _nas_cap_above_watermark(self) -> Settings:
+        """A NAS cap at or below the high watermark would stop the writers before tierd
+        ever demotes: the NAS would fill and stay full."""
+        cap, high = self.tier_nas_max_bytes, self.tier_nas_high_bytes
+        if cap and not 0 < high < cap:
+            raise ValueError(
+                f"KVGATE_TIER_NAS_MAX_BYTES ({cap}) must be above KVGATE_TIER_NAS_HIGH_BYTES "
+                f"({high}, and that not 0): tierd demotes above the high watermark, and the "
+                "cap is where writers stop"
+            )
+        return self
+
     @property
     def pg_dir(self) -> Path:
         """Embedded PostgreSQL data directory."""

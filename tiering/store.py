@@ -50,6 +50,11 @@ class StoreConfig:
     #: scheduled; beyond this the oldest is dropped (its request fetches when scheduled)
     early_fetch_bytes: int = 1 << 30
     error_log_interval_s: float = 30.0
+    #: hard cap on the NAS's bytes per the ledger (0 = none): see
+    #: :class:`~tiering.write_behind.NasCap`
+    nas_max_bytes: int = 0
+    #: how often the writer re-reads the NAS's bytes from the ledger under a cap
+    nas_usage_refresh_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class TieredStore:
                 ledger_timeout_s=self.config.ledger_timeout_s,
                 counters=self.counters,
                 failures=self.failures,
+                max_bytes=self.config.nas_max_bytes,
+                usage_refresh_s=self.config.nas_usage_refresh_s,
             )
         )
         self._locator = Locator(

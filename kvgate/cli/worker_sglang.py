@@ -110,6 +110,7 @@ def launch_spec(
         s3_bucket=settings.s3_bucket,
         s3_prefix=settings.s3_prefix,
         s3_region=settings.s3_region,
+        nas_max_bytes=settings.tier_nas_max_bytes,
         model=str(opts.pop("served_model_name") or model),
         weights_fingerprint=weights.fingerprint if weights else DRY_RUN_WEIGHTS,
         compute=kv_numerics(opts.get("extra_args", ())),  # type: ignore[arg-type]

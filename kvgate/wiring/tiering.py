@@ -51,7 +51,9 @@ def object_config(s: Settings) -> ObjectConfig | None:
 def store_config(s: Settings) -> StoreConfig:
     """Queues and timeouts of a worker's tiered store."""
     return StoreConfig(
-        write_queue_pages=s.tier_write_queue_pages, ledger_timeout_s=s.tier_ledger_timeout_s
+        write_queue_pages=s.tier_write_queue_pages,
+        ledger_timeout_s=s.tier_ledger_timeout_s,
+        nas_max_bytes=s.tier_nas_max_bytes,
     )
 
 

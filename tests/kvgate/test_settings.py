@@ -1,4 +1,5 @@
-"""``kvgate config`` hides secrets; the README's settings table matches the code."""
+"""``kvgate config`` hides secrets; the README's settings table matches the code; settings
+that contradict each other are refused."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
 
 from kvgate.settings import Settings, mask_url_password
 from kvgate.settings_doc import embedded_table, env_names, markdown_table
@@ -66,3 +70,10 @@ def test_generated_table_has_a_row_per_field_with_its_description() -> None:
     for row, field in zip(rows, Settings.model_fields.values(), strict=True):
         escaped = (field.description or "").replace("|", "\\|")
         assert row.endswith(f" {escaped} |")
+
+
+def test_a_nas_cap_at_or_below_the_high_watermark_is_refused_with_both_names() -> None:
+    assert Settings(tier_nas_high_bytes=16, tier_nas_max_bytes=20).tier_nas_max_bytes == 20
+    for high in (20, 24, 0):  # tierd would never demote before the writers stop
+        with pytest.raises(ValidationError, match=r"KVGATE_TIER_NAS_MAX_BYTES.*HIGH_BYTES"):
+            Settings(tier_nas_high_bytes=high, tier_nas_low_bytes=0, tier_nas_max_bytes=20)

@@ -134,6 +134,29 @@ async def test_full_write_queue_drops_and_counts_instead_of_waiting(parts) -> No
     assert store.counters["written"] == 3
 
 
+async def test_pages_that_would_take_the_nas_over_its_cap_stay_in_host_ram_only(parts) -> None:
+    ledger = parts[2]
+    ns = namespace()
+    blocks = chain(ns, 8)
+    keys = [b.key for b in blocks]
+    size = _entries(blocks)[0].size
+    base = await ledger.usage(NAS)  # other tests' pages share the ledger
+    store = await _store(parts, nas_max_bytes=base + 3 * size, nas_usage_refresh_s=0.0).start()
+    store.offer(blocks)
+    await store.drain()
+    assert (store.counters["written"], store.counters["write_full"]) == (3, 5)
+    assert await ledger.usage(NAS) == base + 3 * size
+    assert await ledger.prefix(ns.digest, keys) == [NAS] * 3
+    assert store.host.prefix_now(keys) == 8  # serving still has every page
+
+    await ledger.drop(keys[:2], NAS)  # tierd demoted two pages: two more fit
+    store.offer(blocks[3:])
+    await store.drain()
+    assert (store.counters["written"], store.counters["write_full"]) == (5, 8)
+    assert await ledger.usage(NAS) == base + 3 * size
+    await store.close()
+
+
 async def test_cost_model_skips_tiers_slower_than_recompute(parts) -> None:
     nas, _obj, ledger = parts
     ns = namespace()

@@ -83,6 +83,10 @@ class SGLangBackendOptions:
     #: pages waiting for the NAS beyond which new writes are dropped (and counted); each
     #: queued page holds its bytes (8 MiB for an 8B model at 64 tokens), so this bounds RAM
     write_queue_pages: int = 256
+    #: hard cap on the NAS's bytes (``KVGATE_TIER_NAS_MAX_BYTES``): pages that would pass
+    #: it are not written (:class:`~tiering.write_behind.NasCap`); needs the ledger, and
+    #: without one (``DATABASE_URL`` unset or unreachable at start) no cap applies
+    nas_max_bytes: int = 0
     #: threads reading NAS files; 0 means one per CPU up to 8 (more threads than CPUs
     #: only fight over them when the NAS answers from its cache). Writes have threads of
     #: their own (:class:`~tiering.tiers.nas.NasConfig`), so reads never wait behind them
@@ -100,7 +104,7 @@ class SGLangBackendOptions:
         for name in ("exists_deadline_s", "get_deadline_s", "set_deadline_s", "write_queue_pages"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("host_bytes", "nas_threads"):
+        for name in ("host_bytes", "nas_threads", "nas_max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
 

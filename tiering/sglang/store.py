@@ -64,6 +64,8 @@ async def open_store(o: SGLangBackendOptions, failures: FailureLog) -> TieredSto
         ).start()
         stack.push_async_callback(obj.close)
         ledger = await _ledger(stack, failures)
+        if o.nas_max_bytes and ledger is None:
+            log.warning("no KV ledger: the NAS cap of %d bytes is not enforced", o.nas_max_bytes)
         deadline = o.get_deadline_s
         cost = CostModel(
             CostConfig(
@@ -90,6 +92,7 @@ async def open_store(o: SGLangBackendOptions, failures: FailureLog) -> TieredSto
                 write_queue_pages=o.write_queue_pages,
                 # Half the caller's deadline, so a slow ledger still leaves time to ask the NAS.
                 ledger_timeout_s=o.exists_deadline_s / 2,
+                nas_max_bytes=o.nas_max_bytes if ledger is not None else 0,
             ),
             resources=stack.pop_all(),
         )

@@ -33,13 +33,33 @@ def test_verdicts_flag_a_growing_part_and_a_tier_over_its_limit() -> None:
         pss={"gateway": flat, "worker": rising, "postgres": rising},
         procs={"gateway": [1] * n, "worker": [1] * n, "postgres": [9] * n},
         fds={"gateway": [30] * n, "worker": [40] * n, "postgres": [300] * n},
-        nas=[LIMITS["nas_high"] // 2] * (n - 1) + [LIMITS["nas_high"] * 2],
+        nas=[LIMITS["nas_high"] // 2] * (n - 1) + [LIMITS["nas_max"] + 1],
         objects=[0] * n,
     )
     found = verdicts(samples)
     assert found["parts"]["gateway"]["ok"] and not found["parts"]["worker"]["ok"]
     assert found["parts"]["postgres"]["ok"] and found["parts"]["postgres"]["memory"] == "uss"
-    assert not found["tiers"]["ok"]  # the NAS ended above its high watermark
+    assert not found["tiers"]["ok"]  # the NAS ended above its cap
+
+
+def test_the_nas_is_judged_by_its_cap_and_its_high_watermark_only_reported() -> None:
+    """tierd demotes above the high watermark, so the NAS passes it between checks; the
+    cap is the limit writers keep to."""
+    n = 50
+    flat = [80 * MIB] * n
+    samples = Samples(
+        t=list(range(n)),
+        rss={"tierd": flat},
+        uss={"tierd": flat},
+        pss={"tierd": flat},
+        procs={"tierd": [1] * n},
+        fds={"tierd": [20] * n},
+        nas=[LIMITS["nas_high"] + 1] * (n // 2) + [LIMITS["nas_max"]] * (n - n // 2),
+        objects=[LIMITS["object_max"]] * n,
+    )
+    tiers = verdicts(samples)["tiers"]
+    assert tiers["ok"] and tiers["nas_over_limit_share"] == 0
+    assert tiers["nas_over_high_share"] == 1.0
 
 
 def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:

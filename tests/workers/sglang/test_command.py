@@ -51,8 +51,12 @@ _FIELDS = [
 ]
 
 
-def _dry_run(tmp_path: Path, *args: str) -> str:
-    env = {"KVGATE_HOME": str(tmp_path / "home"), "KVGATE_CONFIG": str(tmp_path / "none.toml")}
+def _dry_run(tmp_path: Path, *args: str, **settings: str) -> str:
+    env = {
+        "KVGATE_HOME": str(tmp_path / "home"),
+        "KVGATE_CONFIG": str(tmp_path / "none.toml"),
+        **settings,
+    }
     result = CliRunner().invoke(cli, ["worker", "--engine", "sglang", "--dry-run", *args], env=env)
     assert result.exit_code == 0, result.output
     return result.output.strip()
@@ -120,6 +124,13 @@ def _backend_options(line: str) -> SGLangBackendOptions:
     argv = shlex.split(line)
     extra = argv[argv.index("--hicache-storage-backend-extra-config") + 1]
     return SGLangBackendOptions.from_extra_config(json.loads(extra))
+
+
+def test_the_nas_cap_reaches_the_backend(tmp_path: Path) -> None:
+    caps = {"KVGATE_TIER_NAS_HIGH_BYTES": "1000", "KVGATE_TIER_NAS_MAX_BYTES": "1200"}
+    line = _dry_run(tmp_path, "--model", "m", **caps)
+    assert _backend_options(line).nas_max_bytes == 1200
+    assert _backend_options(_dry_run(tmp_path, "--model", "m")).nas_max_bytes == 0
 
 
 def test_flags_that_change_the_kv_are_folded_into_the_keys(tmp_path: Path) -> None:
