@@ -9,6 +9,7 @@ weights and prompts on the same device, prefill and decode through its own KV ca
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 
@@ -134,6 +135,10 @@ class HFBaseline:
         self.model.load_state_dict(state, strict=not config.tie_word_embeddings)
         if config.tie_word_embeddings:
             self.model.tie_weights()
+        # transformers 5.2x renamed the KV cache argument and output field from
+        # ``past_key_values`` to ``cache``; the GPU machines run an older release than CI.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
 
     @torch.inference_mode()
     def prefill_tokens_per_s(self, prompt: Sequence[int]) -> float:
@@ -150,11 +155,12 @@ class HFBaseline:
         """Generated tokens/s of greedy decoding ``steps`` tokens for a batch of equal-length prompts."""
         ids = torch.tensor([list(p) for p in prompts], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        past, next_ids = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        name = self._cache_name
+        past, next_ids = getattr(out, name), out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(self.device)
         start = time.perf_counter()
         for _ in range(steps):
-            out = self.model(input_ids=next_ids, cache=past, use_cache=True)
-            past, next_ids = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+            out = self.model(input_ids=next_ids, use_cache=True, **{name: past})
+            past, next_ids = getattr(out, name), out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(self.device)
         return len(prompts) * steps / (time.perf_counter() - start)
