@@ -6,23 +6,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from gateway.router import Router
 from kvgate.bench.multiturn import sizing, stack
 from kvgate.bench.multiturn.command import multiturn
-from kvgate.bench.multiturn.compare import alternating_sessions
+from kvgate.bench.multiturn.compare import alternating_sessions, warm_up
 from kvgate.bench.multiturn.docs import findings, render
-from kvgate.bench.multiturn.driver import History, Plan, Result, Target, run
+from kvgate.bench.multiturn.driver import History, Plan, Result, Target, model_of, run, send
 from kvgate.bench.multiturn.environment import machine
 from kvgate.bench.multiturn.metrics import percentile, summarize
 from kvgate.bench.multiturn.report import TARGETS, markdown_table, physics, verdicts
 from kvgate.bench.multiturn.run import QUICK, spec_dict
-from kvgate.bench.multiturn.workload import WORDS, WORKLOADS, Shape, conversations, single_history
+from kvgate.bench.multiturn.workload import (
+    WORDS,
+    WORKLOADS,
+    Shape,
+    conversations,
+    single_history,
+    words,
+)
 from protocol.registry import WorkerInfo
 from tests.support.bench import tiny_site
 from workers.engine.tokenizer import load_tokenizer
@@ -332,6 +342,29 @@ def test_driver_plays_every_turn_with_real_answers_round_robin(
     followups = [r for r in results if r.turn > 0]
     assert sum(r.cached_by_tier.get("host", 0) for r in followups) > 0  # evicted, then restored
     assert summarize(results).requests == len(results) - 2
+
+
+def test_warm_up_runs_a_prompt_in_a_namespace_no_measured_turn_shares(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    site = tiny_site(tmp_path, smollm2_gguf)
+    target = Target("", cache_salt="bench-chat-0")
+
+    async def ask(url: str, salt: str, messages: list[dict[str, str]]) -> Result:
+        result = Result("probe", 0, 0.0)
+        async with httpx.AsyncClient(timeout=60) as client:
+            model = await model_of(client, Target(url))
+            await send(client, Target(url, cache_salt=salt), model, messages, 1, result)
+        assert not result.error
+        return result
+
+    text = words(random.Random(3), 64)  # what warm_up(seed=3) sends
+    messages = [{"role": "user", "content": text}]
+    with stack.worker("tiny", "", site, tmp_path / "logs") as url:
+        asyncio.run(warm_up(replace(target, url=url), None, 64, seed=3))
+        # the warm-up's KV is there, in its own namespace only
+        assert asyncio.run(ask(url, "bench-chat-0-warm-up", messages)).cached_tokens >= 48
+        assert asyncio.run(ask(url, "bench-chat-0", messages)).cached_tokens == 0
 
 
 def test_histories_go_on_from_where_they_were_and_copies_go_on_alike(
