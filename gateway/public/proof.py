@@ -8,7 +8,8 @@ the figure a user feels. The landing page shows the longest history measured. Wh
 also measured requests/s against a worker with infinite memory (``efficiency_rps_<tier>``,
 in its ``figures`` or top level), those shares are shown too. Of the CPU runs (``multiturn.json``, the full one, and
 ``multiturn_quick.json``) the latest by its recorded ``date`` leads; the GPU run
-(``multiturn_cuda.json``) is read apart, because on it recompute won, and the page says why.
+(``multiturn_cuda.json``) is read apart and told in a sentence: why recompute won where it
+did, else how much sooner the fastest tier answered.
 """
 
 from __future__ import annotations

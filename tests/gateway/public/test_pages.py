@@ -117,6 +117,23 @@ async def test_landing_explains_a_gpu_run_where_recompute_won(
     assert "9,342 tokens/s" in text and "1.22 GB/s" in text and "NAS delivered 0.43 GB/s" in text
 
 
+async def test_landing_states_a_gpu_run_where_a_tier_won(
+    pg_pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    (tmp_path / "multiturn.json").write_text(_multiturn({"4000": {"nas": 0.2, "recompute": 7.0}}))
+    gpu = {"resident": 0.078, "host": 0.183, "nas": 0.140, "recompute": 1.113}
+    cuda = _multiturn({"4000": gpu}, machine={"gpu": "NVIDIA H200"}, date="2026-12-04T17:50:00Z")
+    (tmp_path / "multiturn_cuda.json").write_text(cuda)
+    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
+        html = (await client.get("/")).text
+    note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
+    assert note is not None, html
+    text = " ".join(note.group(1).split())
+    assert text.startswith("On an NVIDIA H200 GPU on 2026-12-04, serving ")
+    assert "got its first token in 0.14 s from the NAS against 1.11 s recomputed" in text
+    assert text.endswith("and 0.078 s resident.") and "recompute won" not in text
+
+
 def test_a_report_without_a_recompute_or_with_failed_probes_is_no_proof() -> None:
     assert proof.from_json("x", {"restore": {}}) is None
     assert proof.from_json("x", {"restore": {"4000": {"nas": {"ttft": 1}}}}) is None
