@@ -280,7 +280,7 @@ class SeaweedPart(LateProcessPart):
             self.name,
             argv,
             probe=lambda: _s3_ready(endpoint, s.s3_bucket),
-            env=weed_env(),
+            env=weed_env(s.s3_dir),
             log_path=s.home.absolute() / "logs" / "s3.log",
             stop_timeout=s.stop_timeout,
         )

@@ -32,18 +32,35 @@ class S3Endpoint:
 #: (``GOGC=100``), and a server taking steady writes keeps raising its RSS for many minutes
 #: with garbage: 16 KiB puts with 4,000 objects kept took it from 117 to 412 MiB in 7,800
 #: puts, and on, where with this limit it stayed at 116-125 MiB. A soft limit: when more is
-#: live, Go goes over it rather than fail. And more is live: ~250 MB of buffers the filer
-#: allocates whole at start (its leveldb memtable, its metadata log rings) count as heap
-#: though RSS holds only their written pages, so under this limit the collector runs back
-#: to back (23 times a second in a churn like tierd's, whose requests then took ~25% longer
-#: than under 512 MiB, where RSS reached 343 MiB instead). Memory is what this stack is
-#: short of; the limit stays (docs/benchmarks/soak.md).
+#: live, Go goes over it rather than fail (docs/benchmarks/soak.md).
 WEED_MEMORY_LIMIT = "256MiB"
+#: the filer's metadata store in a data directory: SQLite, one file
+FILER_DB = "filer.db"
+#: where the filer's default store (leveldb2) keeps its metadata
+LEVELDB_DIR = "filerldb2"
 
 
-def weed_env() -> dict[str, str]:
-    """Environment ``weed`` runs with, on top of the caller's: the Go memory limit."""
-    return {"GOMEMLIMIT": os.environ.get("GOMEMLIMIT", WEED_MEMORY_LIMIT)}
+def weed_env(data_dir: Path) -> dict[str, str]:
+    """Environment ``weed`` runs with for ``data_dir``, on top of the caller's: the Go memory
+    limit, and the filer's metadata in SQLite rather than leveldb2.
+
+    leveldb2 opens 8 databases, each with a 16 MiB memtable allocated whole (128 MiB of live
+    heap from the start), so under the memory limit the collector ran back to back (~94% of a
+    core in a churn like tierd's, ~23% with SQLite) and RSS climbed for the whole of a
+    30-minute soak as the memtables' pages were written. A data directory whose leveldb2
+    store already holds metadata (a home made before this) keeps it: switching would orphan
+    every object in it.
+    """
+    env = {"GOMEMLIMIT": os.environ.get("GOMEMLIMIT", WEED_MEMORY_LIMIT)}
+    data_dir = Path(data_dir).absolute()
+    leveldb = data_dir / LEVELDB_DIR
+    if not (data_dir / FILER_DB).exists() and leveldb.is_dir() and any(leveldb.iterdir()):
+        return env
+    return env | {
+        "WEED_LEVELDB2_ENABLED": "false",
+        "WEED_SQLITE_ENABLED": "true",
+        "WEED_SQLITE_DBFILE": str(data_dir / FILER_DB),
+    }
 
 
 def weed_binary() -> str:
@@ -178,7 +195,7 @@ def seaweed_s3(
     log = open(log_path or Path(data_dir).absolute() / "weed.log", "ab")  # noqa: SIM115 - lives as long as proc
     proc = subprocess.Popen(
         cmd,
-        env={**os.environ, **weed_env()},
+        env={**os.environ, **weed_env(Path(data_dir))},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

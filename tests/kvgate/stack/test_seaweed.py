@@ -1,16 +1,33 @@
-"""The local SeaweedFS runs with a Go memory limit unless the environment chose one."""
+"""The local SeaweedFS runs with a Go memory limit unless the environment chose one, and keeps
+its filer metadata in SQLite unless its data directory already holds a leveldb2 store."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from kvgate.stack.seaweed import WEED_MEMORY_LIMIT, weed_env
+from kvgate.stack.seaweed import FILER_DB, LEVELDB_DIR, WEED_MEMORY_LIMIT, weed_env
 
 
 def test_weed_gets_a_memory_limit_unless_the_environment_sets_one(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("GOMEMLIMIT", raising=False)
-    assert weed_env() == {"GOMEMLIMIT": WEED_MEMORY_LIMIT}
+    assert weed_env(tmp_path)["GOMEMLIMIT"] == WEED_MEMORY_LIMIT
     monkeypatch.setenv("GOMEMLIMIT", "2GiB")
-    assert weed_env() == {"GOMEMLIMIT": "2GiB"}
+    assert weed_env(tmp_path)["GOMEMLIMIT"] == "2GiB"
+
+
+def test_a_new_data_directory_keeps_filer_metadata_in_sqlite(tmp_path: Path) -> None:
+    (tmp_path / LEVELDB_DIR).mkdir()  # weed makes it empty even when it does not use it
+    env = weed_env(tmp_path)
+    assert env["WEED_SQLITE_ENABLED"] == "true" and env["WEED_LEVELDB2_ENABLED"] == "false"
+    assert env["WEED_SQLITE_DBFILE"] == str(tmp_path.absolute() / FILER_DB)
+
+
+def test_a_data_directory_with_leveldb2_metadata_keeps_it(tmp_path: Path) -> None:
+    (tmp_path / LEVELDB_DIR / "00").mkdir(parents=True)
+    assert "WEED_SQLITE_ENABLED" not in weed_env(tmp_path)
+    (tmp_path / FILER_DB).touch()  # a store that is SQLite already stays SQLite
+    assert weed_env(tmp_path)["WEED_SQLITE_ENABLED"] == "true"
