@@ -12,7 +12,12 @@ shows as samples above it.
 Postgres is judged by its private memory (USS summed over the postmaster and its backends),
 not RSS: a backend's RSS counts every page of ``shared_buffers`` it has touched, so the sum
 of RSS grows as backends touch more of one bounded cache, counted once per backend. Its
-shared memory is reported beside it (PSS summed: each shared page counted once). tierd
+shared memory is reported beside it (PSS summed: each shared page counted once). Memory and
+descriptors are judged per process: the pools open and close whole backends (~4 MiB of
+private memory and ~30 files each), which moves the sums without anything leaking.
+
+The load keeps under the team plan's request rate (:data:`LOAD_REQUESTS_PER_MIN`): refused
+requests would be the gateway doing its job, not a soak of the stack. tierd
 reconciles every minute here, not every ten: its walk of both tiers has the largest
 transient footprint of a pass, and reached first after the warm-up it would read as growth.
 """
@@ -24,13 +29,11 @@ import os
 import queue
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ import psutil
 from kvgate.bench.multiturn.driver import Plan, Target, run
 from kvgate.bench.multiturn.workload import Shape, conversations
 from kvgate.bench.output import cpu_name, publish, source_commit
+from kvgate.bench.soak_verdicts import FD_JITTER, GROWTH_LIMIT, LIMITS, MIB, Samples, verdicts
 from kvgate.models.registry import served_model_id
 from kvgate.settings import Settings
 from kvgate.stack.ports import free_port
@@ -54,30 +58,9 @@ SHAPE = Shape(
     answer_tokens=(8, 16),
     turns=(3, 5),
 )
-MIB = 1 << 20
-#: tier limits of the soak's stack: the NAS's cap (workers write nothing that would pass it)
-#: and the watermarks tierd keeps it between; the object store's cap (tierd's trim)
-LIMITS = {"nas_max": 16 * MIB, "nas_high": 12 * MIB, "nas_low": 8 * MIB, "object_max": 64 * MIB}
-#: growth of a part's memory or descriptors after warm-up that counts as a leak
-GROWTH_LIMIT = 0.05
-#: descriptors a part's processes may gain each after warm-up without counting as a leak
-FD_JITTER = 4
 STARTUP_DEADLINE_S = 300.0
-
-
-@dataclass
-class Samples:
-    """What the run saw: per part, resident bytes and descriptors; the tiers' bytes."""
-
-    t: list[float] = field(default_factory=list)
-    rss: dict[str, list[int]] = field(default_factory=dict)
-    #: private memory (USS) and proportional set size (PSS), summed over a part's processes
-    uss: dict[str, list[int]] = field(default_factory=dict)
-    pss: dict[str, list[int]] = field(default_factory=dict)
-    procs: dict[str, list[int]] = field(default_factory=dict)
-    fds: dict[str, list[int]] = field(default_factory=dict)
-    nas: list[int] = field(default_factory=list)
-    objects: list[int] = field(default_factory=list)
+#: the load's average rate: 80% of the team plan's 600 requests a minute
+LOAD_REQUESTS_PER_MIN = 480
 
 
 def part_of(proc: psutil.Process) -> str | None:
@@ -103,8 +86,6 @@ def _stack_processes(up: psutil.Process, home: Path) -> list[psutil.Process]:
 
 #: per part, what is summed over its processes
 _FIGURES = ("rss", "uss", "pss", "fds", "procs")
-#: the memory figure a part is judged by (see the module's docstring); RSS for the others
-JUDGED_MEMORY = {"postgres": "uss"}
 
 
 def _sample(up: psutil.Process, home: Path, bucket: Any, samples: Samples, t0: float) -> None:
@@ -156,57 +137,6 @@ def _bucket_bytes(endpoint: str) -> Any:
             return -1
 
     return total
-
-
-def growth(series: list[int]) -> float:
-    """Median of the last fifth against the median of the second fifth (after warm-up)."""
-    n = len(series)
-    if n < 10:
-        raise click.ClickException(f"{n} samples are too few to judge growth: run longer")
-    early = statistics.median(series[n // 5 : 2 * n // 5])
-    late = statistics.median(series[4 * n // 5 :])
-    return (late - early) / early if early else 0.0
-
-
-def verdicts(samples: Samples) -> dict[str, Any]:
-    """Per part, memory and descriptor growth with a verdict; the tiers against limits."""
-    parts = {}
-    for part, fds in sorted(samples.fds.items()):
-        n = len(fds)
-        judged = JUDGED_MEMORY.get(part, "rss")
-        mem = getattr(samples, judged)[part]
-        # per process: Postgres' pools open and close whole backends (~30 files each)
-        per_proc = [f / max(p, 1) for f, p in zip(fds, samples.procs[part], strict=True)]
-        fd_change = statistics.median(per_proc[4 * n // 5 :]) - statistics.median(
-            per_proc[n // 5 : 2 * n // 5]
-        )
-        mem_growth = growth(mem)
-        parts[part] = {
-            "memory": judged,
-            "mib_after_warmup": statistics.median(mem[n // 5 : 2 * n // 5]) / MIB,
-            "mib_at_end": statistics.median(mem[4 * n // 5 :]) / MIB,
-            "growth": mem_growth,
-            "rss_growth": growth(samples.rss[part]),
-            "pss_growth": growth(samples.pss[part]),
-            "pss_mib_at_end": statistics.median(samples.pss[part][4 * n // 5 :]) / MIB,
-            "processes_at_end": max(samples.procs[part][4 * n // 5 :]),
-            "fds_change": fd_change,
-            "ok": mem_growth < GROWTH_LIMIT and fd_change <= FD_JITTER,
-        }
-    warm = len(samples.nas) // 5
-    nas_over = sum(b > LIMITS["nas_max"] for b in samples.nas[warm:])
-    nas_high = sum(b > LIMITS["nas_high"] for b in samples.nas[warm:])
-    obj_over = sum(b > LIMITS["object_max"] for b in samples.objects[warm:])
-    measured = max(1, len(samples.nas) - warm)
-    tiers = {
-        "nas_max_mib": max(samples.nas) / MIB,
-        "nas_over_limit_share": nas_over / measured,
-        "nas_over_high_share": nas_high / measured,
-        "object_max_mib": max(samples.objects) / MIB,
-        "object_over_limit_share": obj_over / measured,
-        "ok": nas_over == obj_over == 0,
-    }
-    return {"parts": parts, "tiers": tiers}
 
 
 class _Lines:
@@ -268,8 +198,9 @@ def _wait_for_model(gateway: str, key: str, model: str, deadline_s: float) -> No
 
 
 def _load(gateway: str, key: str, deadline: float, errors: list[str]) -> int:
-    """Rounds of seeded conversations until ``deadline``; the requests played."""
-    played, seed = 0, 0
+    """Rounds of seeded conversations until ``deadline``, paced to
+    :data:`LOAD_REQUESTS_PER_MIN` on average; the requests played."""
+    played, seed, start = 0, 0, time.monotonic()
     while time.monotonic() < deadline:
         convs = conversations(8, SHAPE, seed)
         results = asyncio.run(
@@ -278,6 +209,8 @@ def _load(gateway: str, key: str, deadline: float, errors: list[str]) -> int:
         played += len(results)
         errors += [r.error for r in results if r.error]
         seed += 1
+        due = start + played * 60 / LOAD_REQUESTS_PER_MIN  # when this many are due at the rate
+        time.sleep(max(0.0, min(due, deadline) - time.monotonic()))  # pacing, not waiting
     return played
 
 
@@ -289,9 +222,11 @@ def _report(data: dict[str, Any]) -> str:
         f"`{data['model']}`; {data['requests']} requests ({len(data['errors'])} failed), "
         f"a sample every {data['interval_s']:g} s; wall time {data['wall_s']:.0f} s. "
         "Growth compares the median of the last fifth of the run with the second fifth "
-        f"(after warm-up); a part passes below {GROWTH_LIMIT:.0%} memory growth and a gain "
-        f"of at most {FD_JITTER} descriptors per process (Postgres' pools open and close "
-        "whole backends, ~30 files each; fewer descriptors is no leak).",
+        f"(after warm-up); a part passes below {GROWTH_LIMIT:.0%} memory growth per process "
+        f"and a gain of at most {FD_JITTER} descriptors per process (Postgres' pools open and "
+        "close whole backends, ~4 MiB of private memory and ~30 files each; fewer "
+        f"descriptors is no leak). The load is paced to {LOAD_REQUESTS_PER_MIN} requests a "
+        "minute, under the team plan's limit.",
         "",
         "Postgres is judged by its private memory (USS), the others by RSS: a backend's RSS "
         "counts each page of the shared buffer cache it has touched. RSS and PSS growth are "
@@ -300,7 +235,7 @@ def _report(data: dict[str, Any]) -> str:
         "watermark every second between passes, and reconciles every 60 s (600 s by default) "
         "so that its walk of both tiers, the largest footprint of a pass, is inside the warm-up.",
         "",
-        "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth "
+        "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth per process "
         "| RSS growth | PSS at end (MiB) | PSS growth | descriptors per process | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import click
 import pytest
 
-from kvgate.bench.soak import LIMITS, MIB, Samples, _wait_for_model, growth, verdicts
+from kvgate.bench.soak import _wait_for_model
+from kvgate.bench.soak_verdicts import LIMITS, MIB, Samples, growth, verdicts
 
 
 def test_growth_ignores_the_warm_up_and_sees_what_keeps_rising() -> None:
@@ -62,17 +63,41 @@ def test_the_nas_is_judged_by_its_cap_and_its_high_watermark_only_reported() -> 
     assert tiers["nas_over_high_share"] == 1.0
 
 
+def test_memory_is_judged_per_process_so_a_pool_opening_a_backend_is_no_leak() -> None:
+    """A 30-minute soak saw Postgres' USS go 42.4 -> 45.8 MiB (+8%) as its pools went from 16
+    to 17 processes at ~2.7 MiB each; a backend whose own memory rises is still a leak."""
+    n = 50
+    backends = [16] * (n // 2) + [17] * (n // 2)
+    steady = [b * 2.7 * MIB for b in backends]
+    swelling = [b * (2.7 * MIB + i * 64 * 1024) for i, b in enumerate(backends)]
+    samples = Samples(
+        t=list(range(n)),
+        rss={"postgres": steady, "gateway": swelling},
+        uss={"postgres": steady, "gateway": swelling},
+        pss={"postgres": steady, "gateway": swelling},
+        procs={"postgres": backends, "gateway": backends},
+        fds={"postgres": [30 * b for b in backends], "gateway": [30 * b for b in backends]},
+        nas=[0] * n,
+        objects=[0] * n,
+    )
+    parts = verdicts(samples)["parts"]
+    assert parts["postgres"]["ok"] and parts["postgres"]["growth"] == 0.0
+    assert growth(steady) > 0.05  # the sum alone would have flagged it
+    assert not parts["gateway"]["ok"] and parts["gateway"]["growth"] > 0.05
+
+
 def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
     """A pool closing one of Postgres' backends (~30 files) is no leak, nor is a part
     ending with fewer descriptors; one process gaining descriptors is."""
     n = 50
     flat = [80 * MIB] * n
     backends = [16] * (n // 2) + [15] * (n // 2)
+    pool = [b * 3 * MIB for b in backends]
     samples = Samples(
         t=list(range(n)),
-        rss={"postgres": flat, "gateway": flat, "tierd": flat},
-        uss={"postgres": flat, "gateway": flat, "tierd": flat},
-        pss={"postgres": flat, "gateway": flat, "tierd": flat},
+        rss={"postgres": pool, "gateway": flat, "tierd": flat},
+        uss={"postgres": pool, "gateway": flat, "tierd": flat},
+        pss={"postgres": pool, "gateway": flat, "tierd": flat},
         procs={"postgres": backends, "gateway": [1] * n, "tierd": [1] * n},
         fds={
             "postgres": [30 * b for b in backends],
