@@ -91,6 +91,15 @@ async def test_landing_leads_with_the_restore_figures_of_the_latest_run(
     assert 'id="proof"' not in empty and "KV page" in empty
 
 
+async def _gpu_note(pg_pool: asyncpg.Pool, benchmarks: Path) -> str:
+    """The landing page's sentence on the GPU run, whitespace collapsed."""
+    async with browser(site_app(pg_pool, benchmarks_dir=benchmarks)) as client:
+        html = (await client.get("/")).text
+    note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
+    assert note is not None, html
+    return " ".join(note.group(1).split())
+
+
 async def test_landing_explains_a_gpu_run_where_recompute_won(
     pg_pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
@@ -107,11 +116,7 @@ async def test_landing_explains_a_gpu_run_where_recompute_won(
             },
         )
     )
-    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
-        html = (await client.get("/")).text
-    note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
-    assert note is not None, html
-    text = " ".join(note.group(1).split())
+    text = await _gpu_note(pg_pool, tmp_path)
     assert text.startswith("On an NVIDIA H200 GPU (16 CPU cores) on 2026-11-29, recompute won")
     assert "0.443 s against 1.31 s from the NAS" in text
     assert "9,342 tokens/s" in text and "1.22 GB/s" in text and "NAS delivered 0.43 GB/s" in text
@@ -124,11 +129,7 @@ async def test_landing_states_a_gpu_run_where_a_tier_won(
     gpu = {"resident": 0.078, "host": 0.183, "nas": 0.140, "recompute": 1.113}
     cuda = _multiturn({"4000": gpu}, machine={"gpu": "NVIDIA H200"}, date="2026-12-04T17:50:00Z")
     (tmp_path / "multiturn_cuda.json").write_text(cuda)
-    async with browser(site_app(pg_pool, benchmarks_dir=tmp_path)) as client:
-        html = (await client.get("/")).text
-    note = re.search(r'<p id="gpu-note">(.*?)</p>', html, re.S)
-    assert note is not None, html
-    text = " ".join(note.group(1).split())
+    text = await _gpu_note(pg_pool, tmp_path)
     assert text.startswith("On an NVIDIA H200 GPU on 2026-12-04, serving ")
     assert "got its first token in 0.14 s from the NAS against 1.11 s recomputed" in text
     assert text.endswith("and 0.078 s resident.") and "recompute won" not in text
