@@ -35,6 +35,7 @@ from kvgate.bench.engine_figures import (
     JSON_BATCH,
     PROMPT_LENGTHS,
     Figures,
+    bandwidth_of,
     render,
 )
 from kvgate.bench.hf import (
@@ -60,6 +61,8 @@ T = TypeVar("T")
 
 #: back-to-back (free, JSON schema) decode pairs whose median ratio is the grammar's cost
 JSON_PAIRS = 9
+#: fresh buffers copied at each yardstick sample (the bandwidth is their median over the run)
+BANDWIDTH_DRAWS = 2
 
 #: the schema every request of the JSON decode figure is held to: records enough that no
 #: request completes it within the steps measured
@@ -159,9 +162,9 @@ async def measure(
 
     Each figure is the best of a few repetitions: on a shared machine the best run is the
     one least disturbed by other processes, which is what we want to compare. For the same
-    reason the roofline and the bandwidth are sampled between measurements and their best
-    samples kept. The
-    engine is set up as ``kvgate worker`` sets it up (one team of OpenMP threads, on the
+    reason the roofline is sampled between measurements and its best sample kept; the
+    bandwidth is sampled there too, on fresh buffers, and their median kept
+    (:func:`~kvgate.bench.engine_figures.bandwidth_of` says why). The engine is set up as ``kvgate worker`` sets it up (one team of OpenMP threads, on the
     engine's thread), and the yardsticks run on short-lived threads of their own; the
     calling thread gets its torch thread count back at the end.
     """
@@ -207,14 +210,15 @@ async def _measure(
     )
 
     def yardsticks() -> None:
-        """A sample of the roofline, the bandwidth and the load (the best rates are kept)."""
+        """A sample of the roofline and the load, and :data:`BANDWIDTH_DRAWS` of the bandwidth."""
         figures.load_samples.append(os.getloadavg()[0])
         gflops = functools.partial(matmul_gflops, shapes, device=device, dtype=dtype)
         figures.matmul_samples.append(on_own_thread(gflops, threads))
         figures.matmul_gflops = max(figures.matmul_samples)
         bandwidth = functools.partial(copy_bandwidth, device=device)
-        figures.bandwidth_samples.append(on_own_thread(bandwidth, threads))
-        figures.bandwidth_gbs = max(figures.bandwidth_samples)
+        for _ in range(BANDWIDTH_DRAWS):
+            figures.bandwidth_samples.append(on_own_thread(bandwidth, threads))
+        figures.bandwidth_gbs = bandwidth_of(figures.bandwidth_samples)
 
     def keep_best(into: dict[int, float], key: int, value: float, who: str) -> None:
         into[key] = max(into.get(key, 0.0), value)
