@@ -36,22 +36,31 @@ def _flash_cpu() -> object | None:
 _FLASH_CPU = _flash_cpu()
 
 
+def cuts_in_two(n: int, ctx: int, device: torch.device) -> bool:
+    """Whether :func:`chunk_attention` cuts a chunk of ``n`` queries over ``ctx`` keys in
+    two; such a chunk needs no mask, so none is built for it (2048 queries after 2048
+    cached keys would take a 32 MiB float32 mask, built and never read)."""
+    return device.type == "cpu" and _FLASH_CPU is not None and n < ctx and n * ctx >= SPLIT_FROM
+
+
 def chunk_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
     """Attention of ``q`` ``[1, heads, n, D]`` over ``k``, ``v`` ``[1, kv_heads, ctx, D]``.
 
     The queries are the context's last ``n`` positions; ``mask`` (additive, ``[n, ctx]``)
-    says what each sees and is None only when the chunk is the whole context (then plain
-    causal). Query heads share KV heads in groups (``enable_gqa``); ``q``, ``k`` and ``v``
-    share one dtype.
+    says what each sees, and may be None when the chunk is the whole context (then plain
+    causal) or :func:`cuts_in_two` holds. Query heads share KV heads in groups
+    (``enable_gqa``); ``q``, ``k`` and ``v`` share one dtype.
     """
     n, ctx = q.shape[2], k.shape[2]
-    if mask is None:
+    if n == ctx:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if cuts_in_two(n, ctx, q.device):
+        return _cut_in_two(q, k, v, ctx - n)
+    if mask is None:
+        raise ValueError(f"a chunk of {n} queries after {ctx - n} cached keys needs its mask")
     if q.device.type == "cpu":
-        if _FLASH_CPU is not None and n * ctx >= SPLIT_FROM:
-            return _cut_in_two(q, k, v, ctx - n)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), enable_gqa=True)
     # On CUDA the flash kernel takes no mask and the memory-efficient one, which does, takes
     # no grouped KV heads: a masked grouped call falls back to the math kernel, which writes

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.engine.attention import cuts_in_two
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -35,7 +37,8 @@ class PrefillRows:
     n: int
     #: pool slots of positions ``0 .. start + n - 1``
     ctx_slots: torch.Tensor
-    #: ``[n, ctx]`` additive mask (0 or -inf); None when causal from position 0
+    #: ``[n, ctx]`` additive mask (0 or -inf); None when causal from position 0, or when
+    #: attention cuts the chunk in two (:func:`~workers.engine.attention.cuts_in_two`)
     mask: torch.Tensor | None
 
 
@@ -104,7 +107,7 @@ def build_batch(
         positions.extend(range(c.start, end))
         writes.append(ctx[c.start :])
         mask = None
-        if c.start:  # query i (at position start + i) sees keys 0 .. start + i
+        if c.start and not cuts_in_two(n, end, device):  # query i sees keys 0 .. start + i
             mask = additive(torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None])
         prefill.append(PrefillRows(row, n, ctx.to(device), mask))
     decode_row = len(ids) - len(decode)

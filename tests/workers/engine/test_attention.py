@@ -10,6 +10,7 @@ from tests.support.engine import tiny_llama
 from tests.workers.engine.test_model import TOLERANCE, _ours_in_chunks, _reference_logits
 from workers.engine import attention
 from workers.engine.attention import SPLIT_FROM, chunk_attention
+from workers.engine.batch import SeqChunk, build_batch
 
 
 def _chunk(n: int, prefix: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -45,3 +46,20 @@ def test_chunks_cut_in_two_match_transformers(monkeypatch: pytest.MonkeyPatch) -
     cuts = [33, 60, 61]  # a 27-token chunk, a single token, a 29-token one
     ref = _reference_logits(model, ids)[[c - 1 for c in [*cuts, 90]]]
     assert (_ours_in_chunks(model, ids, cuts) - ref).abs().max().item() < TOLERANCE
+
+
+def test_a_chunk_cut_in_two_gets_no_mask_built() -> None:
+    """The batch builds a chunk's mask only where attention reads it: a chunk after a prefix
+    that attention cuts in two (the second half of a 4k-token prompt) carries none, a small
+    one carries its mask, and attention refuses a small one without it."""
+    cpu = torch.device("cpu")
+    pages = list(range(256))
+    big, _ = build_batch([SeqChunk([5] * 2048, 2048, pages)], page_size=16, device=cpu)
+    assert big.prefill[0].mask is None
+    small, _ = build_batch([SeqChunk([5] * 30, 40, pages)], page_size=16, device=cpu)
+    mask = small.prefill[0].mask
+    assert mask is not None and mask.shape == (30, 70)
+    assert mask[0, 40].item() == 0.0 and mask[0, 41].item() == float("-inf")
+    q, k, v, _ = _chunk(30, 40, torch.float32)
+    with pytest.raises(ValueError, match="30 queries after 40 cached keys needs its mask"):
+        chunk_attention(q, k, v, None)
