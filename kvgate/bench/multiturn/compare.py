@@ -129,11 +129,22 @@ class Compare:
         """KV of every primed history."""
         return sum(c.tokens(1) for c in self.workload)
 
+    def measured_bounds(self) -> tuple[int, int]:
+        """The fewest and most measured turns per configuration :meth:`resize` may take now.
+
+        Before priming: one per client, up to every follow-up turn each primed conversation
+        has (round-robin, so a conversation's second follow-up comes after every first).
+        After priming the pool is fixed, so only as many as keep the last turn played,
+        which sized it."""
+        n = len(self.workload)
+        if not self.primed:
+            return self.spec.clients, n * min(len(c.turns) - 1 for c in self.workload)
+        return max(self.spec.clients, (self._last_turn - 1) * n + 1), self._last_turn * n
+
     def resize(self, measured: int) -> None:
         """Play ``measured`` follow-up turns per configuration (round-robin from the primed
         histories); the pool grows to hold the largest request they reach. After priming
-        the pool is fixed: ``measured`` may then change only within one turn per primed
-        conversation."""
+        the pool is fixed: ``measured`` must stay within :meth:`measured_bounds`."""
         self.measured = measured
         last = 1 + max(0, measured - 1) // len(self.workload)
         self.pool_tokens = sizing.pool_tokens(self.workload, self.spec.clients, range(1, last + 1))

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from gateway.router import Router
-from kvgate.bench.multiturn import sizing, stack
+from kvgate.bench.multiturn import budget, sizing, stack
 from kvgate.bench.multiturn.command import multiturn
-from kvgate.bench.multiturn.compare import alternating_sessions, warm_up
+from kvgate.bench.multiturn.compare import CONFIGS, Compare, alternating_sessions, warm_up
 from kvgate.bench.multiturn.docs import findings, render
 from kvgate.bench.multiturn.driver import History, Plan, Result, Target, model_of, run, send
 from kvgate.bench.multiturn.environment import machine
@@ -111,6 +111,31 @@ def test_a_budget_buys_the_turns_it_can_pay_for_within_bounds() -> None:
     assert sizing.measured_requests(100.0, 9.0, 2, 20) == 11
     assert sizing.measured_requests(10.0, 9.0, 2, 20) == 2
     assert sizing.measured_requests(1e6, 9.0, 2, 20) == 20
+
+
+def test_a_budget_buys_second_follow_ups_until_priming_fixes_the_pool(tmp_path: Path) -> None:
+    """A budget with room plays a second follow-up of some conversations (the quick run
+    had used half its budget at one each); once primed, the pool sized for that turn
+    is kept: a refit stays within it, however much or little time is left."""
+    spec = QUICK.workloads[0]
+    compare = Compare(None, spec, 1, tmp_path)  # type: ignore[arg-type]  # sizes only
+    n, pool_one = len(compare.workload), compare.pool_tokens
+    follow_ups = min(len(c.turns) - 1 for c in compare.workload)
+    assert compare.measured_bounds() == (spec.clients, n * follow_ups)
+    costs = budget.Costs(0.0, dict.fromkeys(CONFIGS, 0.0), dict.fromkeys(CONFIGS, 1.0))
+    only = ("nas",)  # one configuration, one second a turn: the budget buys its seconds
+    turns = budget.fit((n + 3.5) / (1 - budget.MARGIN), 0.0, {"chat": (compare, costs, only)})
+    assert turns == {"chat": n + 3}
+    compare.resize(turns["chat"])
+    assert compare.pool_tokens > pool_one  # it holds the second follow-ups' requests
+    compare.primed = [History(c) for c in compare.workload]
+    assert compare.measured_bounds() == (n + 1, 2 * n)
+    assert budget.refit(1e6, (compare, costs, only), []) == 2 * n
+    assert budget.refit(0.0, (compare, costs, only), []) == n + 1
+    plain = Compare(None, spec, 1, tmp_path)  # type: ignore[arg-type]
+    plain.resize(n)
+    plain.primed = [History(c) for c in plain.workload]
+    assert plain.measured_bounds() == (spec.clients, n)
 
 
 def test_every_word_is_one_smollm2_token(smollm2_gguf: Path) -> None:
