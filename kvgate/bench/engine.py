@@ -164,9 +164,10 @@ async def measure(
     one least disturbed by other processes, which is what we want to compare. For the same
     reason the roofline is sampled between measurements and its best sample kept; the
     bandwidth is sampled there too, on fresh buffers, and their median kept
-    (:func:`~kvgate.bench.engine_figures.bandwidth_of` says why). The engine is set up as ``kvgate worker`` sets it up (one team of OpenMP threads, on the
-    engine's thread), and the yardsticks run on short-lived threads of their own; the
-    calling thread gets its torch thread count back at the end.
+    (:func:`~kvgate.bench.engine_figures.bandwidth_of` says why). The engine is set up as
+    ``kvgate worker`` sets it up (one team of OpenMP threads, on the engine's thread), and
+    the yardsticks run on short-lived threads of their own; the calling thread gets its
+    torch thread count back at the end.
     """
     caller_threads = torch.get_num_threads()
     try:

@@ -155,7 +155,7 @@ def bandwidth_of(samples: list[float]) -> float:
     """The bandwidth a run states from its copy samples: their median, not their best.
 
     A model's weights are allocated once, and a decode step reads them wherever they landed.
-    On the 2-core AMD EPYC VMs a fresh 1 GiB buffer copies at 35-41 GB/s most times and at
+    On the 2-core AMD EPYC VMs a fresh 1 GiB buffer copies at 34-41 GB/s most times and at
     57-70 GB/s in about one allocation of three (copies repeated on one buffer keep its
     rate), while reading the weights never went past 35 GB/s nor a plain read of any buffer
     past 48: the best sample states memory the weights do not get. The median is what a
