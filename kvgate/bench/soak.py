@@ -2,19 +2,16 @@
 
 It runs ``kvgate up`` on a home of its own (small tier limits, so that tierd works all the
 time), plays seeded multi-turn conversations through the gateway with a team key, and every
-``--interval`` seconds samples, per part of the stack, the resident memory and the open
-file descriptors of its processes (Postgres' backends summed as one part), and the bytes
-the NAS (its files) and the object store (a listing of the bucket) hold. After a warm-up
+``--interval`` seconds samples the stack (:mod:`kvgate.bench.soak_sampling`): each process'
+memory and descriptors, and the bytes the NAS and the object store hold. After a warm-up
 (the first fifth of the run) a part's growth is the median of the last fifth against the
-median of the second: a leak shows as growth that does not level off; a tier over its limit
-shows as samples above it.
+median of the second, over the processes that lived through both: a leak shows as growth
+that does not level off; a tier over its limit shows as samples above it.
 
-Postgres is judged by its private memory (USS summed over the postmaster and its backends),
-not RSS: a backend's RSS counts every page of ``shared_buffers`` it has touched, so the sum
-of RSS grows as backends touch more of one bounded cache, counted once per backend. Its
-shared memory is reported beside it (PSS summed: each shared page counted once). Memory and
-descriptors are judged per process: the pools open and close whole backends (~4 MiB of
-private memory and ~30 files each), which moves the sums without anything leaking.
+Postgres is judged by its anonymous memory, not RSS: a backend's RSS counts every page of
+``shared_buffers`` it has touched. Its shared memory is reported beside it (PSS summed: each
+shared page counted once). Descriptors are judged per process: the pools open and close
+whole backends (~30 files each), which moves the sums without anything leaking.
 
 The load keeps under the team plan's request rate (:data:`LOAD_REQUESTS_PER_MIN`): refused
 requests would be the gateway doing its job, not a soak of the stack. tierd
@@ -44,10 +41,11 @@ import psutil
 from kvgate.bench.multiturn.driver import Plan, Target, run
 from kvgate.bench.multiturn.workload import Shape, conversations
 from kvgate.bench.output import cpu_name, publish, source_commit
+from kvgate.bench.soak_sampling import FIGURES, bucket_bytes, sample
 from kvgate.bench.soak_verdicts import FD_JITTER, GROWTH_LIMIT, LIMITS, MIB, Samples, verdicts
 from kvgate.models.registry import served_model_id
-from kvgate.settings import Settings
 from kvgate.stack.ports import free_port
+from kvgate.stack.postgres import embedded_postgres
 
 #: small conversations: the soak is about what accumulates, not about throughput
 SHAPE = Shape(
@@ -61,82 +59,6 @@ SHAPE = Shape(
 STARTUP_DEADLINE_S = 300.0
 #: the load's average rate: 80% of the team plan's 600 requests a minute
 LOAD_REQUESTS_PER_MIN = 480
-
-
-def part_of(proc: psutil.Process) -> str | None:
-    """Which part of the stack ``proc`` is, from its command line."""
-    cmd = " ".join(proc.cmdline())
-    if "postgres" in proc.name() or "postgres" in cmd.split(" ")[0]:
-        return "postgres"
-    if "weed" in proc.name():
-        return "s3"
-    match = re.search(r"-m kvgate (up|tierd|agent|worker|gateway)\b", cmd)
-    return match.group(1) if match else None
-
-
-def _stack_processes(up: psutil.Process, home: Path) -> list[psutil.Process]:
-    """``kvgate up`` and its descendants, and the embedded Postgres (a daemon of ``pg_ctl``,
-    so not a descendant: found by its data directory) with its backends."""
-    procs = [up, *up.children(recursive=True)]
-    for proc in psutil.process_iter(["cmdline"]):
-        if str(home / "pg") in " ".join(proc.info["cmdline"] or []):
-            procs += [proc, *proc.children(recursive=True)]
-    return list({p.pid: p for p in procs}.values())
-
-
-#: per part, what is summed over its processes
-_FIGURES = ("rss", "uss", "pss", "fds", "procs")
-
-
-def _sample(up: psutil.Process, home: Path, bucket: Any, samples: Samples, t0: float) -> None:
-    sums: dict[str, dict[str, int]] = {}
-    for proc in _stack_processes(up, home):
-        try:
-            part = part_of(proc)
-            if part is None:
-                continue
-            mem = proc.memory_full_info()
-            got = {"rss": mem.rss, "uss": mem.uss, "pss": mem.pss, "fds": proc.num_fds()}
-        except psutil.Error:
-            continue  # a process that ended between the listing and the reading
-        total = sums.setdefault(part, dict.fromkeys(_FIGURES, 0))
-        for figure, value in {**got, "procs": 1}.items():
-            total[figure] += value
-    samples.t.append(time.monotonic() - t0)
-    for part, total in sums.items():
-        for figure in _FIGURES:
-            getattr(samples, figure).setdefault(part, []).append(total[figure])
-    nas = home / "nas"
-    samples.nas.append(sum(f.stat().st_size for f in nas.rglob("*") if f.is_file()))
-    samples.objects.append(bucket())
-
-
-def _bucket_bytes(endpoint: str) -> Any:
-    """A function that lists the stack's bucket and sums its objects' sizes (the store's
-    own count, not the ledger's; -1 when the listing fails)."""
-    import boto3
-
-    defaults = Settings.model_fields
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=defaults["s3_access_key"].default.get_secret_value(),
-        aws_secret_access_key=defaults["s3_secret_key"].default.get_secret_value(),
-        region_name=defaults["s3_region"].default,
-    )
-    pages = client.get_paginator("list_objects_v2")
-
-    def total() -> int:
-        try:
-            return sum(
-                o["Size"]
-                for page in pages.paginate(Bucket=defaults["s3_bucket"].default)
-                for o in page.get("Contents", [])
-            )
-        except Exception:  # S3 busy or restarting: a gap in the series, not the end of the run
-            return -1
-
-    return total
 
 
 class _Lines:
@@ -214,6 +136,10 @@ def _load(gateway: str, key: str, deadline: float, errors: list[str]) -> int:
     return played
 
 
+#: how the report names the memory figures
+_MEMORY = {"rss": "RSS", "anon": "anonymous"}
+
+
 def _report(data: dict[str, Any]) -> str:
     lines = [
         f"# Soak: {data['minutes']:g} minutes of steady multi-turn load",
@@ -222,26 +148,31 @@ def _report(data: dict[str, Any]) -> str:
         f"`{data['model']}`; {data['requests']} requests ({len(data['errors'])} failed), "
         f"a sample every {data['interval_s']:g} s; wall time {data['wall_s']:.0f} s. "
         "Growth compares the median of the last fifth of the run with the second fifth "
-        f"(after warm-up); a part passes below {GROWTH_LIMIT:.0%} memory growth per process "
-        f"and a gain of at most {FD_JITTER} descriptors per process (Postgres' pools open and "
-        "close whole backends, ~4 MiB of private memory and ~30 files each; fewer "
-        f"descriptors is no leak). The load is paced to {LOAD_REQUESTS_PER_MIN} requests a "
-        "minute, under the team plan's limit.",
+        "(after warm-up), summed over the processes that were there in every sample of "
+        "both (a pool opening or closing a backend moves a part's sum, not a process' own "
+        f"memory); a part passes below {GROWTH_LIMIT:.0%} memory growth and a gain of at most "
+        f"{FD_JITTER} descriptors per process (Postgres' pools open and close whole backends, "
+        "~30 files each; fewer descriptors is no leak). The load is paced to "
+        f"{LOAD_REQUESTS_PER_MIN} requests a minute, under the team plan's limit.",
         "",
-        "Postgres is judged by its private memory (USS), the others by RSS: a backend's RSS "
-        "counts each page of the shared buffer cache it has touched. RSS and PSS growth are "
-        "shown for every part. Workers write nothing that would take the NAS above its cap; "
+        "Postgres is judged by its anonymous memory (its processes' heaps), the others by "
+        "RSS: a backend's RSS counts each page of the shared buffer cache it has touched, and "
+        "its USS each such page no other process maps any more. RSS and PSS growth, summed "
+        "over all of a part's processes, are shown for every part. The object store is "
+        "listed while holding tierd's pass lock, so that a listing sees one state of the "
+        "store, not the two sides of a pass. Workers write nothing that would take the NAS above its cap; "
         "tierd runs a pass every 5 s, checks the NAS against its high "
         "watermark every second between passes, and reconciles every 60 s (600 s by default) "
         "so that its walk of both tiers, the largest footprint of a pass, is inside the warm-up.",
         "",
-        "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth per process "
+        "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth "
         "| RSS growth | PSS at end (MiB) | PSS growth | descriptors per process | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for part, v in data["verdicts"]["parts"].items():
         lines.append(
-            f"| {part} | {v['processes_at_end']} | {v['memory'].upper()} | "
+            f"| {part} | {v['processes_judged']} of {v['processes_at_end']} | "
+            f"{_MEMORY[v['memory']]} | "
             f"{v['mib_after_warmup']:.1f} | {v['mib_at_end']:.1f} | {v['growth']:+.1%} | "
             f"{v['rss_growth']:+.1%} | {v['pss_mib_at_end']:.1f} | {v['pss_growth']:+.1%} | "
             f"{v['fds_change']:+.1f} | {'ok' if v['ok'] else 'GROWS'} |"
@@ -311,14 +242,16 @@ def soak(
         _wait_for_model(gateway, key, served_model_id(model), STARTUP_DEADLINE_S)
         up, t0 = psutil.Process(stack.pid), time.monotonic()
         deadline = t0 + minutes * 60
-        bucket = _bucket_bytes(s3)
-        loader = threading.Thread(
-            target=lambda: played.append(_load(gateway, key, deadline, errors)), daemon=True
-        )
-        loader.start()
-        while loader.is_alive() or not samples.t:
-            _sample(up, home, bucket, samples, t0)
-            loader.join(timeout=interval)  # the sampling period: waits on the load, not a sleep
+        # attached, not owned: left before the stack is stopped, so that it stops Postgres
+        with embedded_postgres(home / "pg", keep_running=True) as dsn:
+            bucket = bucket_bytes(s3, dsn)
+            loader = threading.Thread(
+                target=lambda: played.append(_load(gateway, key, deadline, errors)), daemon=True
+            )
+            loader.start()
+            while loader.is_alive() or not samples.t:
+                sample(up, home, bucket, samples, t0)
+                loader.join(timeout=interval)  # the sampling period: waits on the load
     finally:
         stack.send_signal(signal.SIGINT)
         try:
@@ -336,9 +269,11 @@ def soak(
         "limits": LIMITS,
         "samples": {
             "t": samples.t,
-            **{figure: getattr(samples, figure) for figure in _FIGURES},
+            **{figure: getattr(samples, figure) for figure in FIGURES},
             "nas": samples.nas,
             "objects": samples.objects,
+            "judged": samples.judged,
+            "lived": samples.lived,
         },
         "verdicts": verdicts(samples),
         "wall_s": time.monotonic() - started,

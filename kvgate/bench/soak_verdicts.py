@@ -25,17 +25,37 @@ class Samples:
 
     t: list[float] = field(default_factory=list)
     rss: dict[str, list[int]] = field(default_factory=dict)
-    #: private memory (USS) and proportional set size (PSS), summed over a part's processes
-    uss: dict[str, list[int]] = field(default_factory=dict)
+    #: proportional set size (PSS: each shared page counted once), summed over a part's processes
     pss: dict[str, list[int]] = field(default_factory=dict)
     procs: dict[str, list[int]] = field(default_factory=dict)
     fds: dict[str, list[int]] = field(default_factory=dict)
     nas: list[int] = field(default_factory=list)
     objects: list[int] = field(default_factory=list)
+    #: per part, the memory figure it is judged by ("rss", or "anon" for Postgres)
+    judged: dict[str, str] = field(default_factory=dict)
+    #: per part, per process id, that figure at each sample (None while the process was not there)
+    lived: dict[str, dict[str, list[int | None]]] = field(default_factory=dict)
+
+    def add_lived(self, by_part: dict[str, dict[str, int]]) -> None:
+        """Add one sample of :attr:`lived`: per part, per process id, the judged figure.
+
+        Call it after appending the sample's time to :attr:`t`: every series is then as long
+        as :attr:`t`, with None where a process was not there (not yet, or no more).
+        """
+        n = len(self.t)
+        for part, by_pid in by_part.items():
+            lived = self.lived.setdefault(part, {})
+            for pid, value in by_pid.items():
+                series = lived.setdefault(pid, [])
+                series.extend([None] * (n - 1 - len(series)))
+                series.append(value)
+        for series in (s for part in self.lived.values() for s in part.values()):
+            series.extend([None] * (n - len(series)))
 
 
-#: the memory figure a part is judged by (see :mod:`kvgate.bench.soak`); RSS for the others
-JUDGED_MEMORY = {"postgres": "uss"}
+def _windows(n: int) -> tuple[range, range]:
+    """The samples after warm-up (the second fifth) and at the end (the last fifth)."""
+    return range(n // 5, 2 * n // 5), range(4 * n // 5, n)
 
 
 def growth(series: list[int]) -> float:
@@ -43,9 +63,34 @@ def growth(series: list[int]) -> float:
     n = len(series)
     if n < 10:
         raise click.ClickException(f"{n} samples are too few to judge growth: run longer")
-    early = statistics.median(series[n // 5 : 2 * n // 5])
-    late = statistics.median(series[4 * n // 5 :])
+    early_at, late_at = _windows(n)
+    early = statistics.median(series[i] for i in early_at)
+    late = statistics.median(series[i] for i in late_at)
     return (late - early) / early if early else 0.0
+
+
+def lived_growth(by_pid: dict[str, list[int | None]]) -> tuple[float, float, float, int]:
+    """Growth of the processes that were there in every sample of both windows, each against
+    itself: ``(growth, early bytes, late bytes, processes)``.
+
+    A pool that opens a backend, or closes one, moves a part's sum without anything leaking;
+    a process whose own memory keeps rising is the leak a soak looks for.
+    """
+    n = max((len(s) for s in by_pid.values()), default=0)
+    if n < 10:
+        raise click.ClickException(f"{n} samples are too few to judge growth: run longer")
+    early_at, late_at = _windows(n)
+    early = late = 0.0
+    processes = 0
+    for series in by_pid.values():
+        early_values = [series[i] for i in early_at]
+        late_values = [series[i] for i in late_at]
+        if None in early_values or None in late_values:
+            continue
+        early += statistics.median(early_values)  # type: ignore[type-var]
+        late += statistics.median(late_values)  # type: ignore[type-var]
+        processes += 1
+    return ((late - early) / early if early else 0.0), early, late, processes
 
 
 def verdicts(samples: Samples) -> dict[str, Any]:
@@ -53,24 +98,24 @@ def verdicts(samples: Samples) -> dict[str, Any]:
     parts = {}
     for part, fds in sorted(samples.fds.items()):
         n = len(fds)
-        judged = JUDGED_MEMORY.get(part, "rss")
-        mem = getattr(samples, judged)[part]
         # per process: Postgres' pools open and close whole backends (~30 files each)
         procs = samples.procs[part]
         per_proc = [f / max(p, 1) for f, p in zip(fds, procs, strict=True)]
-        fd_change = statistics.median(per_proc[4 * n // 5 :]) - statistics.median(
-            per_proc[n // 5 : 2 * n // 5]
+        early_at, late_at = _windows(n)
+        fd_change = statistics.median(per_proc[i] for i in late_at) - statistics.median(
+            per_proc[i] for i in early_at
         )
-        mem_growth = growth([m / max(p, 1) for m, p in zip(mem, procs, strict=True)])
+        mem_growth, early, late, lived = lived_growth(samples.lived[part])
         parts[part] = {
-            "memory": judged,
-            "mib_after_warmup": statistics.median(mem[n // 5 : 2 * n // 5]) / MIB,
-            "mib_at_end": statistics.median(mem[4 * n // 5 :]) / MIB,
+            "memory": samples.judged[part],
+            "mib_after_warmup": early / MIB,
+            "mib_at_end": late / MIB,
             "growth": mem_growth,
+            "processes_judged": lived,
             "rss_growth": growth(samples.rss[part]),
             "pss_growth": growth(samples.pss[part]),
-            "pss_mib_at_end": statistics.median(samples.pss[part][4 * n // 5 :]) / MIB,
-            "processes_at_end": max(samples.procs[part][4 * n // 5 :]),
+            "pss_mib_at_end": statistics.median(samples.pss[part][i] for i in late_at) / MIB,
+            "processes_at_end": max(samples.procs[part][i] for i in late_at),
             "fds_change": fd_change,
             "ok": mem_growth < GROWTH_LIMIT and fd_change <= FD_JITTER,
         }

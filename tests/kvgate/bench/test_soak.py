@@ -11,7 +11,7 @@ import click
 import pytest
 
 from kvgate.bench.soak import _wait_for_model
-from kvgate.bench.soak_verdicts import LIMITS, MIB, Samples, growth, verdicts
+from kvgate.bench.soak_verdicts import LIMITS, MIB, Samples, growth, lived_growth, verdicts
 
 
 def test_growth_ignores_the_warm_up_and_sees_what_keeps_rising() -> None:
@@ -23,23 +23,33 @@ def test_growth_ignores_the_warm_up_and_sees_what_keeps_rising() -> None:
         growth([1, 2, 3])
 
 
+def _one_process(series: list[int]) -> dict[str, list[int | None]]:
+    return {"100": list(series)}
+
+
 def test_verdicts_flag_a_growing_part_and_a_tier_over_its_limit() -> None:
     n = 50
     flat, rising = [80 * MIB] * n, [400 * MIB + i * 4 * MIB for i in range(n)]
     samples = Samples(
         t=list(range(n)),
-        # Postgres' backends touching more of the shared buffer cache: RSS rises, USS not
+        # Postgres' backends touching more of the shared buffer cache: RSS rises, their heap not
         rss={"gateway": flat, "worker": rising, "postgres": rising},
-        uss={"gateway": flat, "worker": rising, "postgres": flat},
         pss={"gateway": flat, "worker": rising, "postgres": rising},
-        procs={"gateway": [1] * n, "worker": [1] * n, "postgres": [9] * n},
+        procs={"gateway": [1] * n, "worker": [1] * n, "postgres": [1] * n},
         fds={"gateway": [30] * n, "worker": [40] * n, "postgres": [300] * n},
         nas=[LIMITS["nas_high"] // 2] * (n - 1) + [LIMITS["nas_max"] + 1],
         objects=[0] * n,
+        judged={"gateway": "rss", "worker": "rss", "postgres": "anon"},
+        lived={
+            "gateway": _one_process(flat),
+            "worker": _one_process(rising),
+            "postgres": _one_process(flat),
+        },
     )
     found = verdicts(samples)
     assert found["parts"]["gateway"]["ok"] and not found["parts"]["worker"]["ok"]
-    assert found["parts"]["postgres"]["ok"] and found["parts"]["postgres"]["memory"] == "uss"
+    assert found["parts"]["postgres"]["ok"] and found["parts"]["postgres"]["memory"] == "anon"
+    assert found["parts"]["postgres"]["rss_growth"] > 0.05  # RSS alone would have flagged it
     assert not found["tiers"]["ok"]  # the NAS ended above its cap
 
 
@@ -51,39 +61,53 @@ def test_the_nas_is_judged_by_its_cap_and_its_high_watermark_only_reported() -> 
     samples = Samples(
         t=list(range(n)),
         rss={"tierd": flat},
-        uss={"tierd": flat},
         pss={"tierd": flat},
         procs={"tierd": [1] * n},
         fds={"tierd": [20] * n},
         nas=[LIMITS["nas_high"] + 1] * (n // 2) + [LIMITS["nas_max"]] * (n - n // 2),
         objects=[LIMITS["object_max"]] * n,
+        judged={"tierd": "rss"},
+        lived={"tierd": _one_process(flat)},
     )
     tiers = verdicts(samples)["tiers"]
     assert tiers["ok"] and tiers["nas_over_limit_share"] == 0
     assert tiers["nas_over_high_share"] == 1.0
 
 
-def test_memory_is_judged_per_process_so_a_pool_opening_a_backend_is_no_leak() -> None:
-    """A 30-minute soak saw Postgres' USS go 42.4 -> 45.8 MiB (+8%) as its pools went from 16
-    to 17 processes at ~2.7 MiB each; a backend whose own memory rises is still a leak."""
-    n = 50
-    backends = [16] * (n // 2) + [17] * (n // 2)
-    steady = [b * 2.7 * MIB for b in backends]
-    swelling = [b * (2.7 * MIB + i * 64 * 1024) for i, b in enumerate(backends)]
-    samples = Samples(
-        t=list(range(n)),
-        rss={"postgres": steady, "gateway": swelling},
-        uss={"postgres": steady, "gateway": swelling},
-        pss={"postgres": steady, "gateway": swelling},
-        procs={"postgres": backends, "gateway": backends},
-        fds={"postgres": [30 * b for b in backends], "gateway": [30 * b for b in backends]},
-        nas=[0] * n,
-        objects=[0] * n,
-    )
-    parts = verdicts(samples)["parts"]
-    assert parts["postgres"]["ok"] and parts["postgres"]["growth"] == 0.0
-    assert growth(steady) > 0.05  # the sum alone would have flagged it
-    assert not parts["gateway"]["ok"] and parts["gateway"]["growth"] > 0.05
+def _pool(n: int, swell: int) -> Samples:
+    """Postgres' processes over ``n`` samples: a postmaster and 14 backends that live
+    throughout, each steady at 3 MiB, or ``swell`` bytes more every sample; one backend
+    that closes at a quarter of the run; two that open at half of it."""
+    samples = Samples()
+    for i in range(n):
+        samples.t.append(float(i))
+        by_pid = {str(pid): 3 * MIB + i * swell for pid in range(100, 115)}
+        if i < n // 4:
+            by_pid["200"] = 5 * MIB
+        if i >= n // 2:
+            by_pid |= {"300": 4 * MIB, "301": 4 * MIB}
+        samples.add_lived({"postgres": by_pid})
+        samples.procs.setdefault("postgres", []).append(len(by_pid))
+    return samples
+
+
+def test_lived_samples_mark_the_processes_that_were_not_there() -> None:
+    samples = _pool(20, swell=0)
+    lived = samples.lived["postgres"]
+    assert all(len(series) == 20 for series in lived.values())
+    assert lived["200"] == [5 * MIB] * 5 + [None] * 15
+    assert lived["300"] == [None] * 10 + [4 * MIB] * 10
+
+
+def test_memory_is_judged_by_the_processes_that_lived_so_a_pool_is_no_leak() -> None:
+    """A 30-minute soak saw Postgres' sum go up and down with its pools (11 to 17
+    processes); a process whose own memory rises is still a leak."""
+    steady = _pool(50, swell=0)
+    sums = [sum(s[i] or 0 for s in steady.lived["postgres"].values()) for i in range(50)]
+    assert growth(sums) > 0.05  # the sum alone would flag a pool that opened two backends
+    assert lived_growth(steady.lived["postgres"]) == (0.0, 45 * MIB, 45 * MIB, 15)
+    swelling = lived_growth(_pool(50, swell=64 << 10).lived["postgres"])
+    assert swelling[0] > 0.05 and swelling[3] == 15
 
 
 def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
@@ -96,7 +120,6 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
     samples = Samples(
         t=list(range(n)),
         rss={"postgres": pool, "gateway": flat, "tierd": flat},
-        uss={"postgres": pool, "gateway": flat, "tierd": flat},
         pss={"postgres": pool, "gateway": flat, "tierd": flat},
         procs={"postgres": backends, "gateway": [1] * n, "tierd": [1] * n},
         fds={
@@ -106,6 +129,12 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
         },
         nas=[0] * n,
         objects=[0] * n,
+        judged={"postgres": "anon", "gateway": "rss", "tierd": "rss"},
+        lived={
+            "postgres": _one_process(flat),
+            "gateway": _one_process(flat),
+            "tierd": _one_process(flat),
+        },
     )
     parts = verdicts(samples)["parts"]
     assert parts["postgres"]["ok"] and parts["postgres"]["fds_change"] == 0
