@@ -1,5 +1,6 @@
-"""The local SeaweedFS runs with a Go memory limit unless the environment chose one, and keeps
-its filer metadata in SQLite unless its data directory already holds a leveldb2 store."""
+"""The local SeaweedFS runs with a Go memory limit and collector target unless the environment
+chose them, and keeps its filer metadata in SQLite unless its data directory already holds a
+leveldb2 store."""
 
 from __future__ import annotations
 
@@ -7,16 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.stack.seaweed import FILER_DB, LEVELDB_DIR, WEED_MEMORY_LIMIT, weed_env
+from kvgate.stack.seaweed import (
+    FILER_DB,
+    LEVELDB_DIR,
+    WEED_GC_PERCENT,
+    WEED_MEMORY_LIMIT,
+    weed_env,
+)
 
 
-def test_weed_gets_a_memory_limit_unless_the_environment_sets_one(
+def test_weed_gets_a_memory_limit_and_gc_target_unless_the_environment_sets_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("GOMEMLIMIT", raising=False)
-    assert weed_env(tmp_path)["GOMEMLIMIT"] == WEED_MEMORY_LIMIT
+    monkeypatch.delenv("GOGC", raising=False)
+    env = weed_env(tmp_path)
+    assert env["GOMEMLIMIT"] == WEED_MEMORY_LIMIT and env["GOGC"] == WEED_GC_PERCENT
     monkeypatch.setenv("GOMEMLIMIT", "2GiB")
-    assert weed_env(tmp_path)["GOMEMLIMIT"] == "2GiB"
+    monkeypatch.setenv("GOGC", "100")
+    env = weed_env(tmp_path)
+    assert env["GOMEMLIMIT"] == "2GiB" and env["GOGC"] == "100"
 
 
 def test_a_new_data_directory_keeps_filer_metadata_in_sqlite(tmp_path: Path) -> None:
