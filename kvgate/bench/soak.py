@@ -4,9 +4,10 @@ It runs ``kvgate up`` on a home of its own (small tier limits, so that tierd wor
 time), plays seeded multi-turn conversations through the gateway with a team key, and every
 ``--interval`` seconds samples the stack (:mod:`kvgate.bench.soak_sampling`): each process'
 memory and descriptors, and the bytes the NAS and the object store hold. After a warm-up
-(the first fifth of the run) a part's growth is the median of the last fifth against the
-median of the second, over the processes that lived through both: a leak shows as growth
-that does not level off; a tier over its limit shows as samples above it.
+(the first two fifths of the run: see :data:`~kvgate.bench.soak_verdicts.WARM_UP_FIFTHS`)
+a part's growth is the median of the last fifth against the median of the third, over the
+processes that lived through both: a leak shows as growth that does not level off; a tier
+over its limit (after the first fifth) shows as samples above it.
 
 Postgres is judged by its anonymous memory, not RSS: a backend's RSS counts every page of
 ``shared_buffers`` it has touched. Its shared memory is reported beside it (PSS summed: each
@@ -147,33 +148,37 @@ def _report(data: dict[str, Any]) -> str:
         f"Run on {data['cpu']} ({os.cpu_count()} CPUs), commit `{data['commit']}`, model "
         f"`{data['model']}`; {data['requests']} requests ({len(data['errors'])} failed), "
         f"a sample every {data['interval_s']:g} s; wall time {data['wall_s']:.0f} s. "
-        "Growth compares the median of the last fifth of the run with the second fifth "
-        "(after warm-up), summed over the processes that were there in every sample of "
-        "both (a pool opening or closing a backend moves a part's sum, not a process' own "
-        f"memory); a part passes below {GROWTH_LIMIT:.0%} memory growth and a gain of at most "
-        f"{FD_JITTER} descriptors per process (Postgres' pools open and close whole backends, "
-        "~30 files each; fewer descriptors is no leak). The load is paced to "
-        f"{LOAD_REQUESTS_PER_MIN} requests a minute, under the team plan's limit.",
+        "Growth compares the median of the last fifth of the run with the third fifth "
+        "(after a warm-up of two fifths, which SeaweedFS's heap needs to level off; the "
+        "growth from the second fifth is shown beside it), summed over the processes that "
+        "were there in every sample of both (a pool opening or closing a backend moves a "
+        "part's sum, not a process' own memory); a part passes below "
+        f"{GROWTH_LIMIT:.0%} memory growth and a gain of at most {FD_JITTER} descriptors per "
+        "process (Postgres' pools open and close whole backends, ~30 files each; fewer "
+        f"descriptors is no leak). The load is paced to {LOAD_REQUESTS_PER_MIN} requests a "
+        "minute, under the team plan's limit.",
         "",
         "Postgres is judged by its anonymous memory (its processes' heaps), the others by "
         "RSS: a backend's RSS counts each page of the shared buffer cache it has touched, and "
         "its USS each such page no other process maps any more. RSS and PSS growth, summed "
         "over all of a part's processes, are shown for every part. The object store is "
         "listed while holding tierd's pass lock, so that a listing sees one state of the "
-        "store, not the two sides of a pass. Workers write nothing that would take the NAS above its cap; "
-        "tierd runs a pass every 5 s, checks the NAS against its high "
-        "watermark every second between passes, and reconciles every 60 s (600 s by default) "
-        "so that its walk of both tiers, the largest footprint of a pass, is inside the warm-up.",
+        "store, not the two sides of a pass. Workers write nothing that would take the NAS "
+        "above its cap; tierd runs a pass every 5 s, checks the NAS against its high "
+        "watermark every second between passes, and reconciles every 60 s (600 s by "
+        "default) so that its walk of both tiers, the largest footprint of a pass, is inside "
+        "the warm-up.",
         "",
         "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth "
-        "| RSS growth | PSS at end (MiB) | PSS growth | descriptors per process | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| from 2nd fifth | RSS growth | PSS at end (MiB) | PSS growth | descriptors per process | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for part, v in data["verdicts"]["parts"].items():
         lines.append(
             f"| {part} | {v['processes_judged']} of {v['processes_at_end']} | "
             f"{_MEMORY[v['memory']]} | "
             f"{v['mib_after_warmup']:.1f} | {v['mib_at_end']:.1f} | {v['growth']:+.1%} | "
+            f"{v['growth_from_second_fifth']:+.1%} | "
             f"{v['rss_growth']:+.1%} | {v['pss_mib_at_end']:.1f} | {v['pss_growth']:+.1%} | "
             f"{v['fds_change']:+.1f} | {'ok' if v['ok'] else 'GROWS'} |"
         )
@@ -242,8 +247,9 @@ def soak(
         _wait_for_model(gateway, key, served_model_id(model), STARTUP_DEADLINE_S)
         up, t0 = psutil.Process(stack.pid), time.monotonic()
         deadline = t0 + minutes * 60
-        # attached, not owned: left before the stack is stopped, so that it stops Postgres
-        with embedded_postgres(home / "pg", keep_running=True) as dsn:
+        # a second user of the stack's Postgres: leaving it before the stack stops only takes
+        # this process off the server's users, so that the stack's exit still stops it
+        with embedded_postgres(home / "pg") as dsn:
             bucket = bucket_bytes(s3, dsn)
             loader = threading.Thread(
                 target=lambda: played.append(_load(gateway, key, deadline, errors)), daemon=True

@@ -18,7 +18,7 @@ def test_growth_ignores_the_warm_up_and_sees_what_keeps_rising() -> None:
     warm_then_flat = [10, 50, 90, *[100] * 47]
     assert growth(warm_then_flat) == 0.0
     leaking = [100 + 2 * i for i in range(50)]
-    assert growth(leaking) > 0.4
+    assert growth(leaking) > 0.2  # 149 after warm-up (two fifths), 189 at the end
     with pytest.raises(click.ClickException, match="too few"):
         growth([1, 2, 3])
 
@@ -115,7 +115,7 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
     ending with fewer descriptors; one process gaining descriptors is."""
     n = 50
     flat = [80 * MIB] * n
-    backends = [16] * (n // 2) + [15] * (n // 2)
+    backends = [16] * (3 * n // 5) + [15] * (n - 3 * n // 5)  # one closed after the third fifth
     pool = [b * 3 * MIB for b in backends]
     samples = Samples(
         t=list(range(n)),
@@ -124,7 +124,7 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
         procs={"postgres": backends, "gateway": [1] * n, "tierd": [1] * n},
         fds={
             "postgres": [30 * b for b in backends],
-            "gateway": [40] * (n // 2) + [20] * (n // 2),
+            "gateway": [40] * (3 * n // 5) + [20] * (n - 3 * n // 5),
             "tierd": [20 + i for i in range(n)],
         },
         nas=[0] * n,
