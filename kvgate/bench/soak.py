@@ -172,7 +172,8 @@ def _report(data: dict[str, Any]) -> str:
         "the warm-up.",
         "",
         "| part | processes | memory | after warm-up (MiB) | at end (MiB) | growth "
-        "| from 2nd fifth | RSS growth | PSS at end (MiB) | PSS growth | descriptors per process | verdict |",
+        "| from 2nd fifth | RSS growth | PSS at end (MiB) | PSS growth "
+        "| descriptors per process | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for part, v in data["verdicts"]["parts"].items():
@@ -280,7 +281,6 @@ def soak(
             **{figure: getattr(samples, figure) for figure in FIGURES},
             "nas": samples.nas,
             "objects": samples.objects,
-            "judged": samples.judged,
             "lived": samples.lived,
         },
         "verdicts": verdicts(samples),

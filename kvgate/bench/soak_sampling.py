@@ -26,14 +26,12 @@ from typing import Any
 import asyncpg
 import psutil
 
-from kvgate.bench.soak_verdicts import Samples
+from kvgate.bench.soak_verdicts import JUDGED_MEMORY, Samples
 from kvgate.settings import Settings
 from tiering.tierd import PASS_LOCK
 
 #: per part, what is summed over its processes
 FIGURES = ("rss", "pss", "fds", "procs")
-#: the memory figure a part is judged by (see the module's docstring); RSS for the others
-JUDGED_MEMORY = {"postgres": "anon"}
 
 
 def part_of(proc: psutil.Process) -> str | None:
@@ -91,8 +89,6 @@ def sample(
     for part, total in sums.items():
         for name in FIGURES:
             getattr(samples, name).setdefault(part, []).append(total[name])
-    for part in judged:
-        samples.judged.setdefault(part, JUDGED_MEMORY.get(part, "rss"))
     samples.add_lived(judged)
     nas = home / "nas"
     samples.nas.append(sum(f.stat().st_size for f in nas.rglob("*") if f.is_file()))

@@ -19,6 +19,11 @@ GROWTH_LIMIT = 0.05
 FD_JITTER = 4
 
 
+#: the memory figure a part is judged by (see :mod:`kvgate.bench.soak_sampling`); RSS for
+#: the others
+JUDGED_MEMORY = {"postgres": "anon"}
+
+
 @dataclass
 class Samples:
     """What the run saw: per part, resident bytes and descriptors; the tiers' bytes."""
@@ -31,9 +36,8 @@ class Samples:
     fds: dict[str, list[int]] = field(default_factory=dict)
     nas: list[int] = field(default_factory=list)
     objects: list[int] = field(default_factory=list)
-    #: per part, the memory figure it is judged by ("rss", or "anon" for Postgres)
-    judged: dict[str, str] = field(default_factory=dict)
-    #: per part, per process id, that figure at each sample (None while the process was not there)
+    #: per part, per process id, the figure :data:`JUDGED_MEMORY` names at each sample (None
+    #: while the process was not there)
     lived: dict[str, dict[str, list[int | None]]] = field(default_factory=dict)
 
     def add_lived(self, by_part: dict[str, dict[str, int]]) -> None:
@@ -124,7 +128,7 @@ def verdicts(samples: Samples) -> dict[str, Any]:
         fd_leak = fd_change > FD_JITTER and fd_late > max(per_proc[i] for i in early_at)
         mem_growth, early, late, lived = lived_growth(samples.lived[part])
         parts[part] = {
-            "memory": samples.judged[part],
+            "memory": JUDGED_MEMORY.get(part, "rss"),
             "mib_after_warmup": early / MIB,
             "mib_at_end": late / MIB,
             "growth": mem_growth,

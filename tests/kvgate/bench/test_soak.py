@@ -39,7 +39,6 @@ def test_verdicts_flag_a_growing_part_and_a_tier_over_its_limit() -> None:
         fds={"gateway": [30] * n, "worker": [40] * n, "postgres": [300] * n},
         nas=[LIMITS["nas_high"] // 2] * (n - 1) + [LIMITS["nas_max"] + 1],
         objects=[0] * n,
-        judged={"gateway": "rss", "worker": "rss", "postgres": "anon"},
         lived={
             "gateway": _one_process(flat),
             "worker": _one_process(rising),
@@ -66,7 +65,6 @@ def test_the_nas_is_judged_by_its_cap_and_its_high_watermark_only_reported() -> 
         fds={"tierd": [20] * n},
         nas=[LIMITS["nas_high"] + 1] * (n // 2) + [LIMITS["nas_max"]] * (n - n // 2),
         objects=[LIMITS["object_max"]] * n,
-        judged={"tierd": "rss"},
         lived={"tierd": _one_process(flat)},
     )
     tiers = verdicts(samples)["tiers"]
@@ -129,7 +127,6 @@ def test_descriptors_are_judged_per_process_and_only_when_they_rise() -> None:
         },
         nas=[0] * n,
         objects=[0] * n,
-        judged={"postgres": "anon", "gateway": "rss", "tierd": "rss"},
         lived={
             "postgres": _one_process(flat),
             "gateway": _one_process(flat),
@@ -157,7 +154,6 @@ def test_descriptors_that_come_and_go_with_connections_are_no_leak() -> None:
         fds={"s3": connections},
         nas=[0] * n,
         objects=[0] * n,
-        judged={"s3": "rss"},
         lived={"s3": _one_process(flat)},
     )
     s3 = verdicts(samples)["parts"]["s3"]
