@@ -3,10 +3,13 @@
 ``kvgate bench multiturn --compare`` starts Postgres and SeaweedFS of its own; a SIGTERM
 (a time limit, a supervisor) unwinds it like Ctrl-C, and even a SIGKILL, which runs no
 cleanup at all, takes SeaweedFS down with it (the kernel signals it when its parent dies).
+Postgres, a daemon of ``pg_ctl`` rather than a child, outlives a SIGKILL: the test stops
+whatever postmaster the benchmark left in its scratch directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -41,7 +44,8 @@ def test_a_stopped_benchmark_leaves_no_seaweedfs_behind(sig: signal.Signals) -> 
     argv = [sys.executable, "-m", "kvgate", "bench", "multiturn", "--compare", "--quick"]
     proc = subprocess.Popen(
         [*argv, "--configs", "object", "--json", str(home.parent / "out.json")],
-        env=kvgate_env(home, KVGATE_WORKER_MODEL="tiny-random"),
+        # the benchmark's scratch directory (Postgres' data among it) under the test's own
+        env=kvgate_env(home, KVGATE_WORKER_MODEL="tiny-random", TMPDIR=str(home.parent)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=home.parent,
@@ -55,3 +59,17 @@ def test_a_stopped_benchmark_leaves_no_seaweedfs_behind(sig: signal.Signals) -> 
     finally:
         if proc.poll() is None:
             proc.kill()
+        _stop_postmasters_under(home.parent)
+
+
+def _stop_postmasters_under(root: Path) -> None:
+    """Stop the postmasters whose data directory is under ``root`` (what a SIGKILL left)."""
+    left = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.info["name"] == "postgres" and "-D" in cmd and str(root) in " ".join(cmd):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.parent() is None or proc.parent().name() != "postgres":
+                    proc.terminate()
+                    left.append(proc)
+    psutil.wait_procs(left, timeout=30)
