@@ -44,13 +44,13 @@ from tiering.landing import Landing
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
-from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.nas import NasConfig, NasTier, default_read_threads
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
 PAGE_SHAPE = (30, 16, 2, 3, 64)
 PAGE_TOKENS = 16
-#: the NAS tier's threads, and the plain readers' it is compared with
-NAS_THREADS = 8
+#: the NAS tier's threads (as a worker reads with), and the plain readers' it is compared with
+NAS_THREADS = default_read_threads()
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,13 @@ async def test_object_prefix_with_reserved_characters_round_trips(s3_server: S3E
         await obj.put_many(blocks)
         got = await obj.get_many([b.key for b in blocks])
     assert [bytes(g.payload) for g in got if g is not None] == [bytes(b.payload) for b in blocks]
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(None, 1), (1, 1), (2, 2), (64, 8)])
+def test_nas_reads_on_one_thread_per_cpu_up_to_eight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: int | None, threads: int
+) -> None:
+    """Hot pages are read at the kernel's copy speed: more threads than CPUs only queue."""
+    monkeypatch.setattr(nas_module.os, "cpu_count", lambda: cpus)
+    assert NasConfig(tmp_path).threads == threads
+    assert NasConfig(tmp_path, threads=3).threads == 3

@@ -32,7 +32,7 @@ from tiering.sglang.options import (
 )
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
-from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.nas import NasConfig, NasTier, default_read_threads
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
 log = logging.getLogger("kvgate.tiering.sglang")
@@ -78,9 +78,7 @@ async def open_store(o: SGLangBackendOptions, failures: FailureLog) -> TieredSto
                 },
             )
         )
-        nas = NasTier(
-            NasConfig(root=nas_root, threads=o.nas_threads or min(8, os.cpu_count() or 1))
-        )
+        nas = NasTier(NasConfig(root=nas_root, threads=o.nas_threads or default_read_threads()))
         stack.callback(nas.close)  # its reader threads
         store = TieredStore(
             HostTier(o.host_bytes),

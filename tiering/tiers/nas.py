@@ -24,7 +24,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,19 @@ TMP_SUFFIX = ".tmp"
 GROUP_BYTES = 8 << 20
 #: and holds at most this many files open at once
 GROUP_FILES = 64
+#: most read threads by default (a remote NAS's latency wants some in flight)
+MAX_READ_THREADS = 8
+
+
+def default_read_threads() -> int:
+    """One read thread per CPU, up to :data:`MAX_READ_THREADS`.
+
+    A page the page cache holds is read at the speed of the kernel's copy, so its threads
+    are CPU-bound and more of them than cores only queue for the GIL and the CPUs: on a
+    2-core Xeon, landing a 4k-token history (258 pages, 95 MB) from a hot NAS took 16 ms
+    on 2 threads, 19-21 on 3 or 4 and 24 on 8 (25 on one).
+    """
+    return min(MAX_READ_THREADS, os.cpu_count() or 1)
 
 
 def read_into(fd: int, views: Sequence[memoryview]) -> int:
@@ -69,7 +82,7 @@ class NasConfig:
     #: fsync each block before the rename (durable across a power cut, slower)
     fsync: bool = True
     #: read threads (a batch read runs one run of pages on each)
-    threads: int = 8
+    threads: int = field(default_factory=default_read_threads)
     #: write and delete threads
     write_threads: int = 4
     #: bytes per write call; bounds how long one call holds a thread

@@ -41,6 +41,9 @@ PAGE = 16
 
 #: the engines' options but the pool size (their KV dtype is the CPU default's)
 OPTIONS = EngineOptions(device="cpu", dtype="float32", page_size=PAGE)
+#: the NAS's read threads, whatever the machine's CPUs: a 4-page restore reads every page
+#: at once, one per thread
+NAS_READ_THREADS = 4
 
 
 def _engine(
@@ -56,7 +59,7 @@ def _offload(
 ) -> TieredOffload:  # type: ignore[no-untyped-def]  # fmt: skip
     async def build() -> TieredStore:
         res = contextlib.AsyncExitStack()
-        nas = NasTier(NasConfig(nas_dir, fsync=False))
+        nas = NasTier(NasConfig(nas_dir, fsync=False, threads=NAS_READ_THREADS))
         res.callback(nas.close)
         obj = None
         if obj_cfg:
@@ -336,11 +339,11 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
 
         again = await run(engine, "c", prompt, greedy(6))
         assert tokens(again) == expected and again[-1].cached_tokens == 0
-        assert engine.pool.held_back == 4  # one per page whose read was under way
+        assert engine.pool.held_back == NAS_READ_THREADS  # one per page being read
         assert offload.stats()["failures"].get("offload.late", 0) == 1
 
         go.set()  # the reads finish now, into the held-back pages only
-        for _ in range(4):  # one run of pages per reading thread
+        for _ in range(NAS_READ_THREADS):  # one run of pages per reading thread
             assert ended.acquire(timeout=30)
         monkeypatch.setattr(nas_module, "read_into", read_into)
         _on_store(offload, lambda s: s.host.clear())
