@@ -243,6 +243,8 @@ async def _measure(
         )
         on_own_thread(functools.partial(hf.prefill_tokens_per_s, warm_up), threads)
     with running_engine(loaded, options) as engine:
+        if engine.model.single_row is not None:
+            figures.single_row = engine.model.single_row.describe()
         # Warm-up: first-call allocations and kernel selection are not what we measure.
         await engine_prefill_tps(engine, warm_up)
         for _ in range(reps):

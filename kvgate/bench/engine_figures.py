@@ -27,6 +27,9 @@ class Figures:
     matmul_gflops: float
     #: dtype and device the engine ran in, e.g. ``float32 on cpu``
     engine: str = "float32 on cpu"
+    #: which kernel took one row through the weights, timed as the engine loaded
+    #: (:class:`~workers.engine.projection.SingleRowChoice`); empty where there was no choice
+    single_row: str = ""
     prefill_tps: dict[int, float] = field(default_factory=dict)
     prefill_gflops: dict[int, float] = field(default_factory=dict)
     decode_tps: dict[int, float] = field(default_factory=dict)
@@ -192,7 +195,8 @@ def render(figures: Figures) -> str:
         f"{min(figures.bandwidth_samples, default=0.0):,.1f} to "
         f"{max(figures.bandwidth_samples, default=0.0):,.1f}): "
         f"**{figures.bandwidth_gbs:,.1f} GB/s**",
-        f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request",
+        f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request"
+        + (f"; {figures.single_row}" if figures.single_row else ""),
         "",
         "## Prefill (one request, cold cache)",
         "",

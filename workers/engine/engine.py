@@ -139,7 +139,11 @@ class TorchEngine:
         self.context_length = options.context_length or config.max_position_embeddings
         self.eos_token_ids = tuple(config.eos_token_ids)
         self.vocab_size = config.vocab_size
-        self.model = LlamaModel(config, state_dict, device=device, dtype=dtype, kv_dtype=kv_dtype)
+        self.model = LlamaModel(
+            config, state_dict, device=device, dtype=dtype, kv_dtype=kv_dtype, threads=self._threads
+        )
+        if self.model.single_row is not None:
+            log.info("engine %s: %s", model_id, self.model.single_row.describe())
         self.pool = KVPool(
             config,
             pool_bytes=options.kv_pool_bytes,

@@ -19,9 +19,7 @@ per layer.
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,6 +31,7 @@ from workers.engine.attention import chunk_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.config import ModelConfig
 from workers.engine.kv_pool import KVPool
+from workers.engine.projection import Projection, SingleRowChoice, choose_single_row_kernel
 
 #: Attention kernels the model may use. cuDNN's is left out: it spends about 2 ms of CPU per
 #: call setting up for each new sequence length, which on an H200 was 70 of a decode step's
@@ -64,55 +63,6 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3 are)")
 
 
-#: Entries oneDNN (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and torch's ideep layer over it
-#: (``LRU_CACHE_CAPACITY``) keep for the packed matmuls, unless the environment sets them.
-#: Each entry is one row count of one weight's shape and holds ~1-2 MB of buffers for it,
-#: and each cache keeps 1,024 by default: a worker serving prompts of every length grew by
-#: 2.2 GB (SmolLM2's shapes, 600 row counts), and the 30-minute soak's worker kept growing
-#: after warm-up. A step uses about five entries (four per layer's shapes, one for the LM
-#: head), so 64 keep a steady decode batch's every entry.
-ONEDNN_CACHE_ENTRIES = 64
-
-
-@functools.cache
-def _bound_onednn_caches() -> None:
-    """Set the cache capacities, once, before the process' first packed matmul (both caches
-    read their variables when first used)."""
-    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        os.environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
-
-
-class Projection:
-    """``x @ weight.T``; on CPU in float32 the weight is prepacked for oneDNN.
-
-    MKL's sgemm (behind ``F.linear``) runs at about half of oneDNN's speed here, worst at
-    the small batch sizes of decode and on AMD CPUs; a weight packed once at load time
-    avoids both. Elsewhere (CUDA, other dtypes, torch without oneDNN) it is ``F.linear``.
-    """
-
-    __slots__ = ("packed", "weight")
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.packed: torch.Tensor | None = None
-        self.weight: torch.Tensor | None = weight
-        if (
-            weight.device.type == "cpu"
-            and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-        ):
-            _bound_onednn_caches()
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-            except (AttributeError, RuntimeError):  # a torch build without the op: stay dense
-                return
-            self.weight = None  # the packed copy is the only one kept
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return F.linear(x, self.weight)  # type: ignore[arg-type]
-
-
 def _room(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``buffer`` if it holds ``shape``'s elements, else a quarter more than that, uninitialised."""
     need = math.prod(shape)
@@ -142,7 +92,10 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         kv_dtype: torch.dtype | None = None,
+        threads: int | None = None,
     ) -> None:
+        """``threads``: torch threads the steps will run with (the caller's by default), for
+        timing the kernels one row runs on (:mod:`workers.engine.projection`)."""
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -180,6 +133,12 @@ class LlamaModel:
         self.norm = w("model.norm.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in state_dict
         self.lm_head = Projection(self.embed if tied else w("lm_head.weight"))
+        #: how one row goes through the weights here; None where there was no choice
+        self.single_row: SingleRowChoice | None = choose_single_row_kernel(
+            [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            + [self.lm_head],
+            threads or torch.get_num_threads(),
+        )
         freqs = torch.outer(
             torch.arange(config.max_position_embeddings, dtype=torch.float32),
             rope_inv_freq(config),

@@ -142,6 +142,10 @@ def test_quick_run_writes_every_figure(
     assert len(figures["targets"]) == 8
     report = out.read_text()
     assert "## Targets" in report and report in result.output
+    # float32 on a CPU with oneDNN: the kernel one row took was timed, and the report says so
+    if torch.backends.mkldnn.is_available():
+        assert figures["single_row"].startswith("one row: ")
+        assert figures["single_row"] in report
 
 
 def test_the_grammar_cost_is_the_median_pair() -> None:

@@ -7,18 +7,14 @@ token; greedy continuations must be identical for 32 steps.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import pytest
 import torch
 
 from tests.support.engine import TinyModel, greedy, run, tiny_engine, tiny_llama, tokens
-from workers.engine import model as model_module
 from workers.engine.batch import SeqChunk, build_batch
 from workers.engine.engine import EngineOptions
 from workers.engine.kv_pool import KVPool
-from workers.engine.model import LlamaModel, Projection
+from workers.engine.model import LlamaModel
 
 TOLERANCE = 1e-4
 
@@ -164,24 +160,3 @@ async def test_float16_kv_tracks_float32_kv() -> None:
         finally:
             engine.close()
     assert outputs[0] == outputs[1]
-
-
-def test_packed_weights_bound_onednns_caches_unless_the_environment_did(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """oneDNN and ideep keep 1,024 shapes each by default, 1-2 MB apiece: a worker serving
-    every prompt length grew by gigabytes. The first packed weight bounds both caches;
-    an operator's own setting stands."""
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
-    monkeypatch.setattr(model_module, "_bound_onednn_caches", _fresh_bound())
-    x = torch.randn(3, 4)
-    weight = torch.randn(5, 4)
-    assert torch.allclose(Projection(weight)(x), x @ weight.T, atol=1e-5)
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(model_module.ONEDNN_CACHE_ENTRIES)
-    assert os.environ["LRU_CACHE_CAPACITY"] == "8"
-
-
-def _fresh_bound():
-    """The module's once-only setter, with its memory of having run forgotten."""
-    return functools.cache(model_module._bound_onednn_caches.__wrapped__)

@@ -1,0 +1,128 @@
+"""The weight matmuls: every kernel computes ``x @ weight.T``, one row takes the transposed
+copy only where it was measured faster, and oneDNN's caches stay bounded."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from workers.engine import projection as projection_module
+from workers.engine.projection import (
+    SINGLE_ROW_MARGIN,
+    Projection,
+    choose_single_row_kernel,
+    fastest_pass,
+)
+
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
+def _weights() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=g) for shape in ((48, 32), (32, 48), (96, 32))]
+
+
+def _timer(packed: float, transposed: float):
+    """A :data:`~workers.engine.projection.PassTimer` that reports fixed times and records
+    what it was asked to time."""
+    asked: list[tuple[int, str, int]] = []
+
+    def timer(projections: Sequence[Projection], kernel: str, threads: int) -> float:
+        asked.append((len(projections), kernel, threads))
+        return packed if kernel == "packed" else transposed
+
+    return timer, asked
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_every_kernel_computes_x_times_weight_transposed(rows: int) -> None:
+    for weight in _weights():
+        p = Projection(weight)
+        assert p.packed is not None and p.transposed is not None and p.weight is None
+        x = torch.randn(rows, weight.shape[1])
+        expected = x @ weight.T
+        for out in (p(x), p.by_packed(x), p.by_transposed(x)):
+            assert out.shape == expected.shape
+            assert torch.allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
+def test_transposed_copies_stay_only_when_they_win_by_the_margin() -> None:
+    kept = [Projection(w) for w in _weights()]
+    timer, asked = _timer(packed=1.0, transposed=SINGLE_ROW_MARGIN)
+    choice = choose_single_row_kernel(kept, threads=3, timer=timer)
+    assert choice is not None and choice.transposed
+    assert all(p.transposed is not None for p in kept)
+    assert sorted(asked) == [(3, "packed", 3), (3, "transposed", 3)]
+    assert choice.describe().startswith("one row: MKL over transposed weights")
+
+    dropped = [Projection(w) for w in _weights()]
+    timer, _ = _timer(packed=1.0, transposed=SINGLE_ROW_MARGIN + 0.01)
+    choice = choose_single_row_kernel(dropped, threads=2, timer=timer)
+    assert choice is not None and not choice.transposed
+    assert all(p.transposed is None for p in dropped)
+    assert "transposed copies dropped" in choice.describe()
+    for weight, p in zip(_weights(), dropped, strict=True):  # one row now goes packed
+        x = torch.randn(1, weight.shape[1])
+        assert torch.allclose(p(x), x @ weight.T, atol=1e-5)
+
+
+def test_nothing_is_timed_where_there_is_no_choice() -> None:
+    """float64 weights are not packed: plain ``F.linear``, no copy, no timing."""
+    plain = [Projection(w.double()) for w in _weights()]
+    timer, asked = _timer(packed=1.0, transposed=0.1)
+    assert choose_single_row_kernel(plain, threads=2, timer=timer) is None
+    assert asked == []
+    assert all(p.packed is None and p.transposed is None for p in plain)
+    x = torch.randn(1, 32, dtype=torch.float64)
+    assert torch.allclose(plain[0](x), x @ _weights()[0].double().T)
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
+def test_timing_runs_on_its_own_thread_with_the_engines_thread_count() -> None:
+    """The caller keeps its torch thread count; the passes ran with the one asked for."""
+    seen: list[tuple[str, int]] = []
+    original = torch.Tensor.__matmul__
+
+    def spy(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return original(self, other)
+
+    projections = [Projection(w) for w in _weights()]
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "__matmul__", spy)
+        seconds = fastest_pass(projections, "transposed", threads=1)
+    assert seconds > 0
+    assert torch.get_num_threads() == before
+    assert seen and all(s == ("projection-timing", 1) for s in seen)
+    assert len(seen) == len(projections) * (projection_module.SINGLE_ROW_PASSES + 1)
+
+
+def test_packed_weights_bound_onednns_caches_unless_the_environment_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """oneDNN and ideep keep 1,024 shapes each by default, 1-2 MB apiece: a worker serving
+    every prompt length grew by gigabytes. The first packed weight bounds both caches;
+    an operator's own setting stands."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
+    monkeypatch.setattr(projection_module, "_bound_onednn_caches", _fresh_bound())
+    x = torch.randn(3, 4)
+    weight = torch.randn(5, 4)
+    assert torch.allclose(Projection(weight)(x), x @ weight.T, atol=1e-5)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(
+        projection_module.ONEDNN_CACHE_ENTRIES
+    )
+    assert os.environ["LRU_CACHE_CAPACITY"] == "8"
+
+
+def _fresh_bound():
+    """The module's once-only setter, with its memory of having run forgotten."""
+    return functools.cache(projection_module._bound_onednn_caches.__wrapped__)
