@@ -49,9 +49,9 @@ from kvgate.bench.hf import (
 from kvgate.bench.output import cpu_name, source_commit
 from kvgate.wiring.engine import (
     WorkerOptions,
-    cores_to_the_engine,
     load_model,
     running_engine,
+    serving_process,
     worker_options,
 )
 from workers.engine.api import Engine, GenerateRequest, SamplingParams
@@ -171,7 +171,7 @@ async def measure(
     """
     caller_threads = torch.get_num_threads()
     try:
-        return await _measure(cores_to_the_engine(options), quick, with_hf, say)
+        return await _measure(serving_process(options), quick, with_hf, say)
     finally:
         torch.set_num_threads(caller_threads)
 

@@ -25,9 +25,9 @@ from kvgate.settings import load_settings
 from kvgate.wiring.engine import (
     LoadedModel,
     WorkerOptions,
-    cores_to_the_engine,
     load_model,
     running_engine,
+    serving_process,
     worker_options,
 )
 from workers.context import ServerConfig
@@ -96,7 +96,7 @@ class _Server(uvicorn.Server):
 def worker(host: str | None, port: int | None, tiers: bool | None, **engine_flags: object) -> None:
     """Serve a model with the built-in engine (OpenAI and SGLang-native HTTP API)."""
     settings = load_settings()
-    options = cores_to_the_engine(worker_options(settings, **engine_flags))
+    options = serving_process(worker_options(settings, **engine_flags))
     loaded = load_model(options)
     use_tiers = settings.worker_tiers if tiers is None else tiers
     with running_engine(loaded, options, settings if use_tiers else None) as engine:

@@ -21,6 +21,7 @@ from workers.context import ChatTemplate, TextTokenizer
 from workers.engine.chat_template import ChatTemplate as Template
 from workers.engine.config import ModelConfig
 from workers.engine.engine import EngineOptions, TorchEngine
+from workers.engine.heap import keep_freed_memory
 from workers.engine.kv_pool import KVLayout
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 from workers.engine.weights import is_random_spec, load_model_weights
@@ -71,6 +72,17 @@ class LoadedModel:
     state: dict[str, torch.Tensor]
     tokenizer: TextTokenizer
     chat_template: ChatTemplate
+
+
+def serving_process(options: WorkerOptions) -> WorkerOptions:
+    """Set this process up to serve with the engine; call it before any torch work.
+
+    The allocator keeps what a step frees for the next one
+    (:func:`workers.engine.heap.keep_freed_memory`) and the engine's thread gets the cores
+    (:func:`cores_to_the_engine`); returns ``options`` with the engine's thread count.
+    """
+    keep_freed_memory()
+    return cores_to_the_engine(options)
 
 
 def cores_to_the_engine(options: WorkerOptions) -> WorkerOptions:

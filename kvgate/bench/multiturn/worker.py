@@ -18,7 +18,7 @@ import click
 import uvicorn
 
 from kvgate.settings import load_settings
-from kvgate.wiring.engine import cores_to_the_engine, load_model, running_engine, worker_options
+from kvgate.wiring.engine import load_model, running_engine, serving_process, worker_options
 from kvgate.wiring.tiering import object_config
 from protocol.tiers import LOWER_TIERS
 from workers.context import ServerConfig
@@ -40,7 +40,7 @@ def main(tiers: str, host: str, port: int) -> None:
     settings = load_settings()
     if "object" in chosen and object_config(settings) is None:
         raise click.UsageError("--tiers object needs an S3 endpoint (KVGATE_S3_ENDPOINT)")
-    options = cores_to_the_engine(worker_options(settings))
+    options = serving_process(worker_options(settings))
     loaded = load_model(options)
     with running_engine(
         loaded, options, settings if chosen else None, lower_tiers=chosen
