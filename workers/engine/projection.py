@@ -79,7 +79,9 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.transposed is not None and x.shape[0] == 1:
             return x @ self.transposed
-        return self.by_packed(x) if self.packed is not None else F.linear(x, self.weight)  # type: ignore[arg-type]
+        if self.packed is not None:
+            return self.by_packed(x)
+        return F.linear(x, self.weight)  # type: ignore[arg-type]
 
     def by_packed(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` by oneDNN's packed kernel, whatever the row count."""
