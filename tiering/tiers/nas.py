@@ -1,12 +1,9 @@
 """L3: a shared directory (an NFS mount in production) holding one file per block.
 
-Files live in sharded subdirectories (``ab/cd/<hex>.kvb``) so that no directory grows to
-millions of entries. A block is written to a hidden temporary name in its final directory
-and renamed into place with ``os.replace``, which is atomic: a reader sees the whole old
-block, the whole new one, or nothing — never a partial block, even if the writer dies.
-Temporary files left by dead writers are collected by tierd. Blocking I/O runs in thread
-pools so that the event loop keeps serving; a batch read is split into one run of pages
-per thread, each page checksummed in its thread right after its read.
+How the files are named, written atomically, read and found is
+:mod:`tiering.tiers.nas_files`. Here their blocking I/O runs in thread pools so that the
+event loop keeps serving; a batch read is split into one run of pages per thread, each
+page checksummed in its thread right after its read.
 
 Writes and deletes have threads of their own, so a restore's reads never queue behind a
 burst of write-behind. They keep the serving threads' CPU priority: a nicer thread that
@@ -21,7 +18,6 @@ import asyncio
 import functools
 import itertools
 import os
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,10 +28,16 @@ from protocol.tiers import TierName
 from tiering.codec import Block, CorruptBlock, decode, encode_header
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats
+from tiering.tiers.nas_files import (
+    NasEntry,
+    block_file,
+    open_block,
+    read_into,
+    scan,
+    unlink,
+    write_block_file,
+)
 from tiering.tiers.slabs import SlabPool
-
-SUFFIX = ".kvb"
-TMP_SUFFIX = ".tmp"
 
 #: A worker thread reads files into one slab until it holds this many bytes (or
 #: :data:`GROUP_FILES` files): big enough to be nearly all huge pages, small enough that
@@ -58,22 +60,6 @@ def default_read_threads() -> int:
     return min(MAX_READ_THREADS, os.cpu_count() or 1)
 
 
-def read_into(fd: int, views: Sequence[memoryview]) -> int:
-    """Fill ``views`` in order from ``fd``; the bytes read (fewer only at an early end)."""
-    got = part = offset = 0  # read so far; the view being filled, and how far into it
-    while part < len(views):
-        # short reads (NFS, signals): continue where it stopped
-        n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
-        if n == 0:
-            break
-        got += n
-        offset += n
-        while part < len(views) and offset >= views[part].nbytes:
-            offset -= views[part].nbytes
-            part += 1
-    return got
-
-
 @dataclass(frozen=True)
 class NasConfig:
     """Where the NAS is mounted and how to write to it."""
@@ -90,16 +76,6 @@ class NasConfig:
     #: read memory kept for reuse once every block read into it is dropped (see
     #: :class:`~tiering.tiers.slabs.SlabPool`); outside host RAM's budget
     idle_read_bytes: int = 256 << 20
-
-
-@dataclass(frozen=True)
-class NasEntry:
-    """One file found by :meth:`NasTier.scan`."""
-
-    path: Path
-    key: bytes | None  # None for a temporary file
-    size: int
-    mtime: float
 
 
 class NasTier:
@@ -120,28 +96,13 @@ class NasTier:
         return Path(self._file(key))
 
     def _file(self, key: bytes) -> str:
-        """:meth:`path` as a string, built without pathlib's parsing (reads do it per page)."""
-        h = key.hex()
-        return os.path.join(self.root, h[:2], h[2:4], h + SUFFIX)
+        """:meth:`path` as a string (see :func:`~tiering.tiers.nas_files.block_file`)."""
+        return block_file(self.root, key)
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # --- reads --------------------------------------------------------------------------
-    def _open(self, path: str) -> tuple[int, int] | None:
-        """``(fd, size)`` of the block file at ``path``, or None when there is none."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise TierError(f"nas: cannot open {path}: {exc}") from exc
-        try:
-            return fd, os.fstat(fd).st_size
-        except OSError as exc:
-            os.close(fd)
-            raise TierError(f"nas: cannot stat {path}: {exc}") from exc
-
     def _read_run(self, keys: Sequence[bytes]) -> list[Block | None]:
         """Read and verify ``keys`` one after another: one worker thread's share of a batch.
 
@@ -154,7 +115,7 @@ class NasTier:
         group_bytes = 0
         try:
             for i, key in enumerate(keys):
-                opened = self._open(self._file(key))
+                opened = open_block(self._file(key))
                 if opened is None:
                     continue
                 group.append((i, *opened))
@@ -209,7 +170,7 @@ class NasTier:
 
     def _corrupt(self, key: bytes) -> None:
         self._stats.corruptions += 1
-        self._unlink(self._file(key))
+        unlink(self._file(key))
 
     def _land_run(self, keys: Sequence[bytes], at: Sequence[int], *, into: Landing) -> list[Landed]:
         """Read ``keys`` straight into their pages of ``into`` and verify them there: one
@@ -331,36 +292,12 @@ class NasTier:
         return out
 
     def _write_one(self, block: Block) -> None:
-        path = self._file(block.key)
-        folder, name = os.path.split(path)
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            try:
-                fd = os.open(tmp, flags, 0o644)
-            except FileNotFoundError:  # the shard's first page (or tierd emptied it)
-                os.makedirs(folder, exist_ok=True)
-                fd = os.open(tmp, flags, 0o644)
-        except OSError as exc:
-            raise TierError(f"nas: cannot create {tmp}: {exc}") from exc
-        try:
-            try:
-                self._write_all(fd, memoryview(encode_header(block)))
-                self._write_all(fd, block.payload)
-                if self.config.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as exc:
-            self._unlink(tmp)
-            raise TierError(f"nas: cannot write {path}: {exc}") from exc
-
-    def _write_all(self, fd: int, view: memoryview) -> None:
-        chunk = self.config.write_chunk
-        pos = 0
-        while pos < view.nbytes:
-            pos += os.write(fd, view[pos : pos + chunk])
+        write_block_file(
+            self._file(block.key),
+            [memoryview(encode_header(block)), block.payload],
+            fsync=self.config.fsync,
+            chunk=self.config.write_chunk,
+        )
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         # Every write runs to its end (or its clean-up) before this returns, even when one
@@ -375,16 +312,9 @@ class NasTier:
                 raise result
 
     # --- deletes and scans ----------------------------------------------------------------
-    def _unlink(self, path: str | Path) -> bool:
-        try:
-            os.unlink(path)
-            return True
-        except FileNotFoundError:
-            return False
-
     async def delete_many(self, keys: Sequence[bytes]) -> None:
         def delete() -> int:
-            return sum(self._unlink(self.path(k)) for k in keys)
+            return sum(unlink(self.path(k)) for k in keys)
 
         try:
             self._stats.deletes += await asyncio.get_running_loop().run_in_executor(
@@ -395,25 +325,11 @@ class NasTier:
 
     def remove(self, path: Path) -> None:
         """Delete one file found by :meth:`scan` (an orphan or a stale temporary)."""
-        self._unlink(path)
+        unlink(path)
 
     def scan(self) -> Iterator[NasEntry]:
         """Every block and temporary file on the NAS (blocking; for tierd and accounting)."""
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                path = Path(dirpath) / name
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue  # deleted while we walked
-                if name.endswith(SUFFIX) and not name.startswith("."):
-                    try:
-                        key: bytes | None = bytes.fromhex(name[: -len(SUFFIX)])
-                    except ValueError:
-                        key = None
-                    yield NasEntry(path, key, st.st_size, st.st_mtime)
-                elif name.endswith(TMP_SUFFIX):
-                    yield NasEntry(path, None, st.st_size, st.st_mtime)
+        return scan(self.root)
 
     async def usage(self) -> tuple[int, int]:
         """``(files, bytes)`` of complete blocks on the NAS, measured by a scan."""

@@ -25,7 +25,7 @@ import psutil
 
 from kvgate.bench.faults.stack import GATEWAYS, WORKERS, Child, FaultStack
 from tiering.tierd import PASS_LOCK
-from tiering.tiers.nas import SUFFIX
+from tiering.tiers.nas_files import SUFFIX
 
 #: seconds a held fault lasts
 HELD_S = 30.0

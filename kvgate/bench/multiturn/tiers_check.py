@@ -35,7 +35,7 @@ import httpx
 from kvgate.bench.multiturn import stack
 from kvgate.bench.multiturn.workload import words
 from kvgate.stack.ports import free_port
-from tiering.tiers.nas import SUFFIX
+from tiering.tiers.nas_files import SUFFIX
 
 #: a small Llama for SGLang's dummy loader, with SmolLM2's vocabulary (its tokenizer)
 TINY_LLAMA = {

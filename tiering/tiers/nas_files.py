@@ -1,0 +1,129 @@
+"""The NAS's files: one per block, where each lives, how one is written, read and found.
+
+Files live in sharded subdirectories (``ab/cd/<hex>.kvb``) so that no directory grows to
+millions of entries. A block is written to a hidden temporary name in its final directory
+and renamed into place with ``os.replace``, which is atomic: a reader sees the whole old
+block, the whole new one, or nothing — never a partial block, even if the writer dies.
+Temporary files left by dead writers are collected by tierd (:func:`scan` finds them).
+Everything here blocks; :class:`~tiering.tiers.nas.NasTier` runs it on its threads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiering.tiers.base import TierError
+
+SUFFIX = ".kvb"
+TMP_SUFFIX = ".tmp"
+
+
+def block_file(root: str | Path, key: bytes) -> str:
+    """The file that holds ``key`` under ``root``, built without pathlib's parsing (reads
+    do it per page)."""
+    h = key.hex()
+    return os.path.join(root, h[:2], h[2:4], h + SUFFIX)
+
+
+def open_block(path: str) -> tuple[int, int] | None:
+    """``(fd, size)`` of the block file at ``path``, or None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TierError(f"nas: cannot open {path}: {exc}") from exc
+    try:
+        return fd, os.fstat(fd).st_size
+    except OSError as exc:
+        os.close(fd)
+        raise TierError(f"nas: cannot stat {path}: {exc}") from exc
+
+
+def read_into(fd: int, views: Sequence[memoryview]) -> int:
+    """Fill ``views`` in order from ``fd``; the bytes read (fewer only at an early end)."""
+    got = part = offset = 0  # read so far; the view being filled, and how far into it
+    while part < len(views):
+        # short reads (NFS, signals): continue where it stopped
+        n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
+        if n == 0:
+            break
+        got += n
+        offset += n
+        while part < len(views) and offset >= views[part].nbytes:
+            offset -= views[part].nbytes
+            part += 1
+    return got
+
+
+def write_block_file(path: str, parts: Sequence[memoryview], *, fsync: bool, chunk: int) -> None:
+    """Write ``parts`` as the file at ``path``, atomically: into a hidden temporary in the
+    same directory (made when missing), optionally fsynced, then renamed into place. A
+    failed write leaves no temporary behind. ``chunk`` bounds the bytes of one write call."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:  # the shard's first page (or tierd emptied it)
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+    except OSError as exc:
+        raise TierError(f"nas: cannot create {tmp}: {exc}") from exc
+    try:
+        try:
+            for view in parts:
+                pos = 0
+                while pos < view.nbytes:
+                    pos += os.write(fd, view[pos : pos + chunk])
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        unlink(tmp)
+        raise TierError(f"nas: cannot write {path}: {exc}") from exc
+
+
+def unlink(path: str | Path) -> bool:
+    """Delete the file at ``path``; False when there was none."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@dataclass(frozen=True)
+class NasEntry:
+    """One file found by :func:`scan`."""
+
+    path: Path
+    key: bytes | None  # None for a temporary file
+    size: int
+    mtime: float
+
+
+def scan(root: Path) -> Iterator[NasEntry]:
+    """Every block and temporary file under ``root``."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # deleted while we walked
+            if name.endswith(SUFFIX) and not name.startswith("."):
+                try:
+                    key: bytes | None = bytes.fromhex(name[: -len(SUFFIX)])
+                except ValueError:
+                    key = None
+                yield NasEntry(path, key, st.st_size, st.st_mtime)
+            elif name.endswith(TMP_SUFFIX):
+                yield NasEntry(path, None, st.st_size, st.st_mtime)
