@@ -131,20 +131,26 @@ def fastest_pass(projections: Sequence[Projection], kernel: str, threads: int) -
         for p in projections
     ]
     seconds: list[float] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         torch.set_num_threads(threads)
-        with torch.inference_mode():
-            for i in range(SINGLE_ROW_PASSES + 1):
-                start = time.perf_counter()
-                for call, x in calls:
-                    call(x)
-                if i:
-                    seconds.append(time.perf_counter() - start)
+        try:
+            with torch.inference_mode():
+                for i in range(SINGLE_ROW_PASSES + 1):
+                    start = time.perf_counter()
+                    for call, x in calls:
+                        call(x)
+                    if i:
+                        seconds.append(time.perf_counter() - start)
+        except BaseException as exc:  # raised again on the caller's thread, below
+            failed.append(exc)
 
     thread = threading.Thread(target=run, name="projection-timing")
     thread.start()
     thread.join()
+    if failed:
+        raise failed[0]
     return min(seconds)
 
 
