@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,8 @@ from workers.engine.heap import keep_freed_memory
 from workers.engine.kv_pool import KVLayout
 from workers.engine.tokenizer import Tokenizer, load_tokenizer
 from workers.engine.weights import is_random_spec, load_model_weights
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,11 @@ def serving_process(options: WorkerOptions) -> WorkerOptions:
     (:func:`workers.engine.heap.keep_freed_memory`) and the engine's thread gets the cores
     (:func:`cores_to_the_engine`); returns ``options`` with the engine's thread count.
     """
-    keep_freed_memory()
+    if not keep_freed_memory():
+        log.warning(
+            "allocator settings not applied (a C library other than glibc?): "
+            "each engine step faults its memory in afresh"
+        )
     return cores_to_the_engine(options)
 
 

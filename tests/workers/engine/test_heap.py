@@ -7,10 +7,16 @@ set up as ``kvgate worker`` sets itself up, with and without the heap settings.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
+
+from kvgate.wiring import engine as wiring
 
 #: Minor page faults of each of three prefills of the same 1,024-token prompt.
 SCRIPT = """
@@ -58,3 +64,22 @@ def test_a_warm_prefill_faults_in_no_pages_in_a_serving_process(smollm2_gguf: Pa
     serving = _prefill_faults("serving", smollm2_gguf)
     assert min(plain[1:]) > 5_000, plain  # the test can tell the difference
     assert max(serving[1:]) < 500, serving
+
+
+def test_a_process_whose_allocator_keeps_its_defaults_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the settings cannot be applied (not glibc), serving goes on and logs why a
+    step may fault its memory in (on a thread of its own, to keep pytest's torch threads)."""
+    monkeypatch.setattr(wiring, "keep_freed_memory", lambda: False)
+    caplog.set_level(logging.WARNING, logger=wiring.__name__)
+    seen: list[int | None] = []
+    thread = threading.Thread(
+        target=lambda: seen.append(
+            wiring.serving_process(wiring.worker_options(device="cpu")).engine.threads
+        )
+    )
+    thread.start()
+    thread.join()
+    assert seen and seen[0]
+    assert "allocator settings not applied" in caplog.text
