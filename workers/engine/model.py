@@ -31,7 +31,12 @@ from workers.engine.attention import chunk_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.config import ModelConfig
 from workers.engine.kv_pool import KVPool
-from workers.engine.projection import Projection, SingleRowChoice, choose_single_row_kernel
+from workers.engine.projection import (
+    Projection,
+    SingleRowChoice,
+    choose_single_row_kernel,
+    room_for_transposed,
+)
 
 #: Attention kernels the model may use. cuDNN's is left out: it spends about 2 ms of CPU per
 #: call setting up for each new sequence length, which on an H200 was 70 of a decode step's
@@ -113,8 +118,18 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} missing from the state dict")
             return state_dict[name].to(device=self.device, dtype=dtype)
 
+        tied = config.tie_word_embeddings or "lm_head.weight" not in state_dict
+        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        projected = [n for n in state_dict if n.endswith("_proj.weight") or n == head]
+        candidates = room_for_transposed(
+            sum(state_dict[n].numel() for n in projected) * dtype.itemsize
+        )
+
+        def projection(weight: torch.Tensor) -> Projection:
+            return Projection(weight, single_row_candidate=candidates)
+
         def fused(*names: str) -> Projection:
-            return Projection(torch.cat([w(n) for n in names], dim=0).contiguous())
+            return projection(torch.cat([w(n) for n in names], dim=0).contiguous())
 
         self.embed = w("model.embed_tokens.weight")
         self.layers: list[_Layer] = []
@@ -124,15 +139,14 @@ class LlamaModel:
                 _Layer(
                     attn_norm=w(p + "input_layernorm.weight"),
                     qkv=fused(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
-                    o=Projection(w(p + "self_attn.o_proj.weight")),
+                    o=projection(w(p + "self_attn.o_proj.weight")),
                     mlp_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                    down=Projection(w(p + "mlp.down_proj.weight")),
+                    down=projection(w(p + "mlp.down_proj.weight")),
                 )
             )
         self.norm = w("model.norm.weight")
-        tied = config.tie_word_embeddings or "lm_head.weight" not in state_dict
-        self.lm_head = Projection(self.embed if tied else w("lm_head.weight"))
+        self.lm_head = projection(self.embed if tied else w("lm_head.weight"))
         #: how one row goes through the weights here; None where there was no choice
         self.single_row: SingleRowChoice | None = choose_single_row_kernel(
             [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]

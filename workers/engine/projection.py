@@ -12,21 +12,26 @@ oneDNN's 29. So a projection on such a CPU keeps both copies and picks by row co
 How fast each library is differs by CPU, so whether the transposed copy is worth its memory
 (a second copy of the weights: 540 MB for SmolLM2 in float32) is measured when the model
 loads (:func:`choose_single_row_kernel`): the copies stay only where they beat the packed
-kernel by :data:`SINGLE_ROW_MARGIN`. Elsewhere (CUDA, other dtypes, torch without oneDNN)
-a projection is plain ``F.linear``.
+kernel by :data:`SINGLE_ROW_MARGIN`. A machine without the memory for them
+(:func:`room_for_transposed`) never makes them. Elsewhere (CUDA, other dtypes, torch without
+oneDNN) a projection is plain ``F.linear``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import psutil
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 #: Entries oneDNN (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and torch's ideep layer over it
 #: (``LRU_CACHE_CAPACITY``) keep for the packed matmuls, unless the environment sets them.
@@ -44,6 +49,26 @@ SINGLE_ROW_MARGIN = 0.9
 #: Passes of one row through every projection, per kernel, of which the fastest counts.
 SINGLE_ROW_PASSES = 3
 
+#: The transposed copies are made only where the memory available at load is at least this
+#: many times their bytes: while the model loads, the weights as read, their packed copies
+#: and the candidates all live at once, and the KV pool still has to fit after.
+ROOM_FACTOR = 3
+
+
+def room_for_transposed(weight_bytes: int) -> bool:
+    """Whether this machine has the memory to try transposed copies of ``weight_bytes``:
+    a second copy of a 1B-parameter model in float32 is 5 GB, which a small machine that
+    fits the model itself may not have."""
+    available, wanted = psutil.virtual_memory().available, ROOM_FACTOR * weight_bytes
+    if available < wanted:
+        log.warning(
+            "one row: oneDNN packed weights, no transposed copies tried "
+            "(%.1f GB of memory available, %.1f GB wanted)",
+            available / 1e9,
+            wanted / 1e9,
+        )
+    return available >= wanted
+
 
 @functools.cache
 def _bound_onednn_caches() -> None:
@@ -59,7 +84,9 @@ class Projection:
 
     __slots__ = ("packed", "transposed", "weight")
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, *, single_row_candidate: bool = True) -> None:
+        """``single_row_candidate``: whether to keep a transposed copy for one row until
+        :func:`choose_single_row_kernel` has timed it (False where memory is short)."""
         self.packed: torch.Tensor | None = None
         self.transposed: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
@@ -73,7 +100,8 @@ class Projection:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
             except (AttributeError, RuntimeError):  # a torch build without the op: stay dense
                 return
-            self.transposed = weight.t().contiguous()  # a candidate, until measured
+            if single_row_candidate:
+                self.transposed = weight.t().contiguous()  # a candidate, until measured
             self.weight = None  # the packed copy serves every other row count
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from tests.support.engine import tiny_llama
 from workers.engine import projection as projection_module
+from workers.engine.model import LlamaModel
 from workers.engine.projection import (
     SINGLE_ROW_MARGIN,
     Projection,
@@ -126,3 +128,36 @@ def test_packed_weights_bound_onednns_caches_unless_the_environment_did(
 def _fresh_bound():
     """The module's once-only setter, with its memory of having run forgotten."""
     return functools.cache(projection_module._bound_onednn_caches.__wrapped__)
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
+def test_a_model_tries_no_transposed_copies_without_the_memory_for_them(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bytes weighed are the projections' and the tied head's; with less memory
+    available than ROOM_FACTOR times them, no copy is made and nothing is timed, and one
+    row goes through the packed weights to the same result."""
+    tiny = tiny_llama()
+    weighed = sum(
+        t.numel() * 4
+        for n, t in tiny.state_dict.items()
+        if n.endswith("_proj.weight") or n == "model.embed_tokens.weight"
+    )
+
+    def model_with(available: int) -> LlamaModel:
+        memory = type("Memory", (), {"available": available})
+        monkeypatch.setattr(projection_module.psutil, "virtual_memory", lambda: memory)
+        return LlamaModel(tiny.config, tiny.state_dict, device="cpu", dtype=torch.float32)
+
+    roomy = model_with(projection_module.ROOM_FACTOR * weighed)
+    assert roomy.single_row is not None and roomy.lm_head.transposed is not None
+    with caplog.at_level("WARNING", logger=projection_module.__name__):
+        short = model_with(projection_module.ROOM_FACTOR * weighed - 1)
+    assert short.single_row is None
+    projections = [(layer.qkv, layer.o, layer.gate_up, layer.down) for layer in short.layers]
+    assert all(p.transposed is None for four in projections for p in four)
+    assert short.lm_head.transposed is None
+    assert "no transposed copies tried" in caplog.text
+    x = torch.randn(1, tiny.config.hidden_size)
+    head = tiny.state_dict["model.embed_tokens.weight"]
+    assert torch.allclose(short.lm_head(x), x @ head.T, atol=1e-5)
