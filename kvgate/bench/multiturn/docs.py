@@ -263,7 +263,14 @@ def findings(data: dict[str, Any]) -> list[str]:
             f"{side} " + ", ".join(f"{x:.1f}" for x in pair[side]["wave_seconds"])
             for side in ("off", "on")
         )
-        out.append(f"- No reuse, seconds per wave (warm-up first): {waves}.")
+        drains = pair["on"].get("drain_seconds")
+        drained = (
+            f"; of the tiered waves', waiting for the write-behind once the requests had "
+            f"ended: {', '.join(f'{x:.2f}' for x in drains)}"
+            if drains
+            else ""
+        )
+        out.append(f"- No reuse, seconds per wave (warm-up first): {waves}{drained}.")
     for key, v in data.get("targets", {}).items():
         if not v["met"]:
             value = "not measured" if v["value"] is None else f"{v['value']:.3f}"

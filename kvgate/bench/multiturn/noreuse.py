@@ -105,25 +105,33 @@ async def drained(url: str) -> None:
             await asyncio.sleep(DRAIN_POLL_S)
 
 
-async def _wave(side: Side, convs: list[Conversation], warmup: bool) -> list[Result]:
+async def _wave(side: Side, convs: list[Conversation], warmup: bool) -> tuple[list[Result], float]:
+    """The wave's results and the seconds it then waited for the write-behind to empty."""
     clients = len(convs)
     plan = Plan(clients=clients, active=clients, warmup=clients if warmup else 0)
     results = await run(Target(side.url), convs, plan, progress=False)
-    if side.tiered:
-        await drained(side.url)
-    return results
+    if not side.tiered:
+        return results, 0.0
+    start = time.perf_counter()
+    await drained(side.url)
+    return results, time.perf_counter() - start
 
 
 def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) -> dict[str, dict]:
     """Play the interleaved waves; per side its summary (requests/s over the sum of its
-    measured waves' seconds) and every wave's seconds (``wave_seconds``, warm-up first)."""
+    measured waves' seconds), every wave's seconds (``wave_seconds``, warm-up first) and
+    how many of them it spent waiting for its write-behind after the requests ended
+    (``drain_seconds``, zeros where it does not write behind)."""
     cut = waves(convs, clients)
     results: dict[str, list[Result]] = {s.label: [] for s in sides}
     seconds: dict[str, list[float]] = {s.label: [] for s in sides}
+    drains: dict[str, list[float]] = {s.label: [] for s in sides}
     for w, side in order(len(cut), sides):
         start = time.perf_counter()
-        results[side.label] += asyncio.run(_wave(side, cut[w], warmup=w == 0))
+        played, drain = asyncio.run(_wave(side, cut[w], warmup=w == 0))
+        results[side.label] += played
         seconds[side.label].append(time.perf_counter() - start)
+        drains[side.label].append(drain)
         kind = "warm-up" if w == 0 else "measured"
         click.echo(
             f"wave {w + 1}/{len(cut)}, tiering {side.label}: {seconds[side.label][-1]:.1f} s ({kind})",
@@ -132,7 +140,10 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
     out = {}
     for s in sides:
         summary: Summary = summarize(results[s.label], seconds=sum(seconds[s.label][1:]))
-        out[s.label] = summary.as_dict() | {"wave_seconds": seconds[s.label]}
+        out[s.label] = summary.as_dict() | {
+            "wave_seconds": seconds[s.label],
+            "drain_seconds": drains[s.label],
+        }
     return out
 
 

@@ -266,6 +266,10 @@ def test_no_reuse_overhead_is_the_median_of_paired_waves_not_moved_by_one_stall(
     assert v["met"] is True
     lines = findings({"spec": {}, "no_reuse": pair})
     assert "- No reuse, seconds per wave (warm-up first): off 1.0, 9.9, 25.0" in lines[0]
+    assert "write-behind" not in lines[0]  # a run from before drains were timed
+    pair["on"]["drain_seconds"] = [0.5, 0.25, 0.125, 0, 0, 0]
+    (line,) = findings({"spec": {}, "no_reuse": pair})
+    assert line.endswith("once the requests had ended: 0.50, 0.25, 0.12, 0.00, 0.00, 0.00.")
 
 
 def test_a_missed_restore_figure_names_the_bandwidth_it_needed_and_the_one_measured() -> None:

@@ -94,12 +94,14 @@ def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
     for label in ("off", "on"):
         s = out[label]
         assert s["requests"] == 4 and s["errors"] == 0  # two measured waves of two
-        assert len(s["wave_seconds"]) == 3
+        assert len(s["wave_seconds"]) == len(s["drain_seconds"]) == 3
+        assert all(0 <= d < w for d, w in zip(s["drain_seconds"], s["wave_seconds"], strict=True))
         assert s["seconds"] == pytest.approx(sum(s["wave_seconds"][1:]))
         assert s["rps"] == pytest.approx(4 / s["seconds"])
         assert s["cached_by_tier"].get("host", 0) == 0 and s["cached_by_tier"].get("nas", 0) == 0
     assert on_events.get("written", 0) > 0  # evicted pages went down to the NAS
     # every wave on the tiered worker, and only there, ended once they were all written
     assert after_drain == [(on_url, 0)] * 3
+    assert out["off"]["drain_seconds"] == [0.0] * 3 and min(out["on"]["drain_seconds"]) > 0
     assert queue_after == 0
     assert any((tmp_path / "nas-on").rglob("*.kvb"))
