@@ -79,8 +79,9 @@ class Settings(BaseSettings):
     )
     tier_write_through: bool = Field(
         True,
-        description="Send a request's KV pages down the tiers once it ends, so any worker can "
-        "resume the conversation; off: only when the device pool evicts them.",
+        description="Send a request's KV pages down the tiers as they are computed (its "
+        "prompt's once prefilled, the rest when it ends), so any worker can resume the "
+        "conversation; off: only when the device pool evicts them.",
     )
     tier_nas_fsync: bool = Field(True, description="fsync each NAS block before its rename.")
     tier_nas_high_bytes: int = Field(

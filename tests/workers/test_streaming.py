@@ -39,8 +39,13 @@ async def client(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def idle(engine: TorchEngine, used_pages: int) -> bool:
+    """Nothing runs or waits, and with the cache emptied the pool is back to ``used_pages``
+    (a prompt's pages are cached once prefilled: an ended request leaves them there,
+    unpinned, and nothing else)."""
     load = engine.load()
-    return load.running == 0 and load.queued == 0 and load.pool_used_pages == used_pages
+    if load.running or load.queued or not engine.flush_cache():
+        return False
+    return engine.load().pool_used_pages == used_pages
 
 
 async def stream_lines(
@@ -189,6 +194,7 @@ async def test_official_openai_client_works(base_url: str) -> None:
 async def test_a_request_id_already_running_is_refused_with_400(
     client: httpx.AsyncClient, engine: TorchEngine
 ) -> None:
+    engine.flush_cache()
     before = engine.load().pool_used_pages
     headers = {"x-request-id": "twice"}
     first = asyncio.create_task(client.post("/v1/completions", json=LONG, headers=headers))

@@ -292,11 +292,32 @@ class Scheduler:
             stored=True,  # they came from the tiers: never sent back down
         )
         assert held == req.pages[: start + n], "pages past the device match were cached"
+        self._share(req, node, start + n)
+        return list(restored.tiers)
+
+    def _share(self, req: _Request, node: PrefixHandle, n_pages: int) -> None:
+        """Record that ``req``'s first ``n_pages`` pages are now the cache's, pinned through
+        ``node`` (the deepest of them) for as long as ``req`` holds them."""
         self.cache.lock(node)
         if req.prefix is not None:
             self.cache.unlock(req.prefix)
-        req.prefix, req.shared = node, start + n
-        return list(restored.tiers)
+        req.prefix, req.shared = node, n_pages
+
+    def _cache_prompt(self, req: _Request) -> None:
+        """Give the cache ``req``'s full prompt pages once prefilled, while it decodes: a
+        request with the same prefix shares them now, and under write-through they go down
+        the tiers behind the decode instead of all at once when ``req`` ends (where another
+        request cached some of these tokens first, its own pages wait for the end)."""
+        n_full = req.computed // self.page_size
+        if n_full <= req.shared:
+            return
+        if len(self.cache.match(req.namespace, req.tokens, n_full).pages) != req.shared:
+            return
+        node, held = self.cache.insert(
+            req.namespace, req.tokens[: n_full * self.page_size], req.pages[:n_full]
+        )
+        assert held == req.pages[:n_full], "the cache kept pages of its own for the prompt"
+        self._share(req, node, n_full)
 
     # --- one step ---------------------------------------------------------------------------------
     def _preempt_youngest(self) -> _Request:
@@ -372,12 +393,21 @@ class Scheduler:
             if token is None:
                 self._drop_unsampleable(reqs[i])
             else:
-                self._accept(reqs[i], token, entry)
+                self._accept(reqs[i], token, entry, prefilled=reqs[i] not in decoding)
         self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.stats.evicted_pages = self.cache.evicted_pages
         return True
 
-    def _accept(self, req: _Request, token: int, logprobs: TokenLogprobs | None = None) -> None:
+    def _accept(
+        self,
+        req: _Request,
+        token: int,
+        logprobs: TokenLogprobs | None = None,
+        *,
+        prefilled: bool = False,
+    ) -> None:
+        """Append ``token``; end ``req`` if it is done, else, if this step ended its prefill
+        (``prefilled``), cache its prompt pages before the token goes out."""
         req.tokens.append(token)
         reason = req.sampler.finish_reason(token, req.generated)
         if reason is None and len(req.tokens) >= self.context_length:
@@ -386,6 +416,8 @@ class Scheduler:
             self.running.remove(req)
             self._release(req, cache=True)
             self.stats.finished_requests += 1
+        elif prefilled:
+            self._cache_prompt(req)
         self._emit(req, [token], reason, [logprobs] if logprobs else [])
 
     def _drop_unsampleable(self, req: _Request) -> None:

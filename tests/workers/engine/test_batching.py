@@ -71,7 +71,8 @@ async def test_a_request_waiting_for_room_does_not_empty_the_cache_meanwhile() -
         await _until(lambda: engine.load().queued == 1, "C to queue behind A")
         for _ in range(3):  # steps taken while C waited
             await anext(running)
-        assert engine.load().queued == 1 and engine.load().cached_pages == 4
+        # W's 4 pages stayed, beside A's 3 prompt pages, cached (and pinned) once prefilled
+        assert engine.load().queued == 1 and engine.load().cached_pages == 4 + 3
         async for _ in running:
             pass
         assert (await waiting)[-1].finish_reason == "length"  # admitted once A was done
@@ -89,8 +90,10 @@ async def test_closing_the_stream_early_frees_every_page() -> None:
             assert event.token_ids
             break
         await stream.aclose()  # type: ignore[attr-defined]
-        await _until(lambda: engine.load().pool_used_pages == before, "pages to be freed")
-        assert engine.load().running == 0
+        await _until(lambda: _idle_and_clean(engine), "pages to be freed")
+        # what stays is the prompt's 3 full pages, cached once prefilled, and evictable
+        assert engine.load().pool_used_pages == before + 3
+        assert engine.flush_cache() and engine.load().pool_used_pages == before
     finally:
         engine.close()
 

@@ -11,6 +11,7 @@ import torch
 
 from tests.support.engine import greedy, run, tiny_engine, tiny_llama, tokens
 from workers.engine import held_back as held_back_module
+from workers.engine.api import GenerateRequest
 from workers.engine.kv_pool import KVPool, PoolExhausted, RestoreTarget
 from workers.engine.offload import OffloadPage, Restored
 from workers.engine.radix import RadixCache
@@ -290,6 +291,30 @@ async def test_write_through_lets_another_engine_resume_what_this_one_still_hold
     finally:
         first_worker.close()
         second_worker.close()
+        cold.close()
+
+
+async def test_a_prompt_goes_down_once_prefilled_and_is_shared_while_it_decodes() -> None:
+    """Under write-through a request's full prompt pages reach the tiers right after its
+    prefill, while it still decodes (not all at once when it ends), and a second request
+    with the same prompt reuses them from L1 meanwhile; the output is a cold recompute's."""
+    tiers = InMemoryOffload(write_through=True)
+    engine = tiny_engine(MODEL, pages=64, offload=tiers)
+    cold = tiny_engine(MODEL)
+    try:
+        prompt = torch.randint(3, 512, (70,), generator=torch.Generator().manual_seed(8)).tolist()
+        first = engine.generate(GenerateRequest("long", tuple(prompt), greedy(40)))
+        got = [await anext(first)]
+        assert tiers.offered == 4  # the 64 prompt tokens' 4 full pages, first token out
+        assert ("", tuple(prompt[:64])) in tiers.pages
+        second = await run(engine, "same", prompt, greedy(5))
+        assert second[-1].cached_by_tier == {"device": 64}
+        got += [event async for event in first]
+        assert tiers.offered == 6  # at the end, the 110 tokens' other 2 full pages
+        assert tokens(got) == tokens(await run(cold, "cold", prompt, greedy(40)))
+        assert tokens(second) == tokens(await run(cold, "cold2", prompt, greedy(5)))
+    finally:
+        engine.close()
         cold.close()
 
 
