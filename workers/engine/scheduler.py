@@ -359,8 +359,9 @@ class Scheduler:
         started = time.perf_counter()
         chunks: list[SeqChunk] = []
         reqs: list[_Request] = []
-        decoding = [r for r in self.running if len(r.tokens) - r.computed == 1]
-        budget = max(self.token_budget - len(decoding), 0)
+        prefills: list[bool] = []  # per chunk: whether it is (the end of) a prefill
+        decoding = sum(1 for r in self.running if len(r.tokens) - r.computed == 1)
+        budget = max(self.token_budget - decoding, 0)
         for req in self.running:
             pending = len(req.tokens) - req.computed
             n = 1 if pending == 1 else min(pending, budget)
@@ -368,6 +369,7 @@ class Scheduler:
                 continue
             if pending > 1:
                 budget -= n
+            prefills.append(pending > 1)
             chunks.append(
                 SeqChunk(
                     req.tokens[req.computed : req.computed + n],
@@ -393,7 +395,7 @@ class Scheduler:
             if token is None:
                 self._drop_unsampleable(reqs[i])
             else:
-                self._accept(reqs[i], token, entry, prefilled=reqs[i] not in decoding)
+                self._accept(reqs[i], token, entry, prefilled=prefills[i])
         self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.stats.evicted_pages = self.cache.evicted_pages
         return True
