@@ -150,7 +150,7 @@ def test_a_model_tries_no_transposed_copies_without_the_memory_for_them(
         return LlamaModel(tiny.config, tiny.state_dict, device="cpu", dtype=torch.float32)
 
     roomy = model_with(projection_module.ROOM_FACTOR * weighed)
-    assert roomy.single_row is not None and roomy.lm_head.transposed is not None
+    assert roomy.single_row is not None  # copies made and timed (kept or not: the timing's)
     with caplog.at_level("WARNING", logger=projection_module.__name__):
         short = model_with(projection_module.ROOM_FACTOR * weighed - 1)
     assert short.single_row is None
