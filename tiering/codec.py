@@ -91,6 +91,12 @@ def encode_header(block: Block) -> bytes:
     return head + _U64.pack(h.intdigest())
 
 
+def encoded_size(block: Block) -> int:
+    """The bytes ``block`` takes stored: its header (checksum included) plus its payload,
+    from the header's fields alone (no checksum pass)."""
+    return _FIXED.size + 8 * len(block.shape) + len(block.dtype) + 8 + block.nbytes
+
+
 def encode(block: Block) -> bytes:
     """``block`` as one contiguous byte string (header + payload)."""
     return encode_header(block) + block.payload

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol.tiers import TierName
-from tiering.codec import Block, encode_header
+from tiering.codec import Block, encoded_size
 from tiering.ledger import NAS, OBJECT, Entry
 from tiering.store import TieredStore
 
@@ -101,7 +101,7 @@ async def send_down(
     pages = list(blocks.values())
     await store.tiers[name].put_many(pages)
     if store.ledger is not None and pages:
-        entries = [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in pages]
+        entries = [Entry(b.namespace, b.key, encoded_size(b)) for b in pages]
         await store.ledger.record(entries, NAS if name == TierName.NAS else OBJECT)
     from_nas = 0
     if name == TierName.OBJECT:

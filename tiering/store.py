@@ -158,10 +158,13 @@ class TieredStore:
             await self._spill.drain()
 
     # --- spill path -------------------------------------------------------------------------
-    def offer(self, blocks: Sequence[Block]) -> None:
-        """Take evicted pages: into host RAM now, onto the NAS later. Never blocks."""
+    def offer(self, blocks: Sequence[Block], *, owned: bool = False) -> None:
+        """Take evicted pages: into host RAM now, onto the NAS later. Never blocks.
+
+        ``owned`` says each payload is a private buffer of its own that nobody writes again:
+        host RAM then keeps it instead of copying it (see :meth:`HostTier.put_now`)."""
         for block in blocks:
-            self.host.put_now(block)
+            self.host.put_now(block, owned=owned)
         if self._spill is not None:
             self._spill.put(blocks)
 

@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from tiering.codec import encode_header
+from tiering.codec import encoded_size
 from tiering.failures import FailureLog
 from tiering.ledger import NAS, OBJECT, Entry, Ledger, Row
 from tiering.tiers.nas import NasTier
@@ -267,7 +267,7 @@ class Tierd:
             return
         blocks = await self.nas.get_many([r.key for r in rows])
         good = [b for b in blocks if b is not None]
-        entries = [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in good]
+        entries = [Entry(b.namespace, b.key, encoded_size(b)) for b in good]
         if self.config.object_max_bytes:
             # room first, so that the store never holds more than its limit
             incoming = sum(e.size for e in entries)

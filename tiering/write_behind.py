@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from protocol.tiers import TierName
-from tiering.codec import Block, encode_header
+from tiering.codec import Block, encoded_size
 from tiering.failures import FailureLog
 from tiering.ledger import NAS, Entry, Ledger
 from tiering.tiers.base import Tier
@@ -145,7 +145,7 @@ class WriteBehind:
                     self._queue.task_done()
 
     async def _write(self, batch: list[Block]) -> None:
-        sizes = [len(encode_header(b)) + b.nbytes for b in batch]
+        sizes = [encoded_size(b) for b in batch]
         if self.cap is not None:
             fits = await self.cap.take(sizes)
             self.counters["write_full"] += len(batch) - fits

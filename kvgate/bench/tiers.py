@@ -37,7 +37,7 @@ from kvgate.settings import Settings, load_settings
 from kvgate.stack.postgres import create_pool, database
 from kvgate.stack.seaweed import S3Endpoint, ensure_bucket, seaweed_s3
 from migrations import runner
-from tiering.codec import Block, encode_header, make_block
+from tiering.codec import Block, encode_header, encoded_size, make_block
 from tiering.cost import CostConfig, CostModel
 from tiering.keys import Namespace
 from tiering.landing import Landing
@@ -178,7 +178,7 @@ async def measure(pg_dsn: str, s3: ObjectConfig, nas_dir: Path, plan: Plan, say:
     try:
 
         def entries(blocks: list[Block]) -> list[Entry]:
-            return [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks]
+            return [Entry(b.namespace, b.key, encoded_size(b)) for b in blocks]
 
         say("host: memcpy vs fetch from RAM")
         ns, blocks = _chain(plan.pages)

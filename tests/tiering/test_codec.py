@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiering.codec import CorruptBlock, decode, encode, encode_header, make_block
+from tiering.codec import (
+    DTYPE_SIZES,
+    CorruptBlock,
+    decode,
+    encode,
+    encode_header,
+    encoded_size,
+    make_block,
+)
 from tiering.keys import Namespace
 
 NS = Namespace(tenant="t", model="m", dtype="float16", page_size=4)
@@ -35,6 +43,15 @@ def test_round_trip_preserves_everything_without_copying_payload() -> None:
 def test_header_plus_payload_equals_encode() -> None:
     block = _block(3)
     assert encode_header(block) + bytes(block.payload) == encode(block)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape"), [("float16", (2, 2, 4, 3)), ("bfloat16", (7,)), ("float8_e4m3fn", ())]
+)
+def test_encoded_size_is_the_stored_length_without_hashing(dtype: str, shape: tuple) -> None:
+    payload = bytes(int(np.prod(shape)) * DTYPE_SIZES[dtype])
+    block = make_block(NS.page_keys([1, 2, 3, 4])[0], NS.digest, dtype, shape, payload)
+    assert encoded_size(block) == len(encode(block))
 
 
 def test_every_flipped_byte_is_detected() -> None:

@@ -12,7 +12,7 @@ from kvgate.stack.ports import free_port
 from kvgate.stack.postgres import create_pool
 from kvgate.stack.seaweed import seaweed_s3
 from tests.support.tiering import chain, namespace, object_config, read_only
-from tiering.codec import encode_header
+from tiering.codec import encoded_size
 from tiering.ledger import OBJECT, Entry, Ledger
 from tiering.store import StoreConfig, TieredStore
 from tiering.tiers.host import HostTier
@@ -48,9 +48,7 @@ async def test_stopped_s3_is_a_counted_miss(tmp_path: Path, pg_pool) -> None:
     with seaweed_s3(tmp_path / "s3", bucket="kvtest") as (endpoint, proc):
         obj = await ObjectTier(object_config(endpoint, max_attempts=2, connect_timeout=0.5)).start()
         await obj.put_many(blocks)
-        await ledger.record(
-            [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks], OBJECT
-        )
+        await ledger.record([Entry(b.namespace, b.key, encoded_size(b)) for b in blocks], OBJECT)
     assert proc.poll() is not None  # the server is gone
     store = await TieredStore(HostTier(1 << 30), obj=obj, ledger=ledger).start()
     got = await store.fetch(ns.digest, keys, PAGE, page_bytes=512)

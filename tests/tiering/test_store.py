@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import numpy as np
 import pytest
 
 from kvgate.stack.seaweed import S3Endpoint
 from tests.support.tiering import chain, flip_byte, namespace, object_config
-from tiering.codec import Block, encode_header
+from tiering.codec import Block, encoded_size
 from tiering.cost import CostConfig, CostModel
 from tiering.keys import Namespace
 from tiering.landing import Landed, Landing
@@ -44,7 +45,7 @@ def _store(parts, **config) -> TieredStore:
 
 
 def _entries(blocks) -> list[Entry]:
-    return [Entry(b.namespace, b.key, len(encode_header(b)) + b.nbytes) for b in blocks]
+    return [Entry(b.namespace, b.key, encoded_size(b)) for b in blocks]
 
 
 async def test_offered_pages_reach_nas_and_ledger_and_another_worker_fetches_them(parts) -> None:
@@ -66,6 +67,20 @@ async def test_offered_pages_reach_nas_and_ledger_and_another_worker_fetches_the
     await second.close()
     row = await parts[2].pool.fetchrow("SELECT hits FROM kv_ledger WHERE key = $1", keys[0])
     assert row["hits"] == 1  # the touch was flushed on close
+
+
+async def test_host_ram_keeps_owned_pages_as_given_and_copies_the_others(parts) -> None:
+    ns = namespace()
+    owned, lent = chain(ns, 2), chain(ns, 2, first_token=2 * ns.page_size)
+    store = await _store(parts).start()
+    store.offer(owned, owned=True)
+    store.offer(lent)
+    for block in (*owned, *lent):
+        np.frombuffer(block.payload, np.uint8)[:] ^= 0xFF  # the caller writes again
+    kept = [store.host.get_now(b.key) for b in (*owned, *lent)]
+    assert [bytes(k.payload) for k in kept[:2]] == [bytes(b.payload) for b in owned]
+    assert [bytes(k.payload) for k in kept[2:]] != [bytes(b.payload) for b in lent]
+    await store.close()
 
 
 async def test_fetch_spans_tiers_in_order_and_stops_at_first_gap(parts) -> None:

@@ -18,7 +18,7 @@ import pytest
 from kvgate.stack.postgres import create_pool
 from kvgate.stack.seaweed import S3Endpoint
 from tests.support.tiering import chain, fresh_database, namespace, object_config
-from tiering.codec import encode, encode_header
+from tiering.codec import encode, encoded_size
 from tiering.ledger import NAS, OBJECT, Entry, Ledger
 from tiering.store import TieredStore
 from tiering.tierd import Tierd, TierdConfig
@@ -44,7 +44,7 @@ async def env(pg_dsn: str, fresh_db: str, nas_dir: Path, s3_server: S3Endpoint):
 
 
 def _size(block) -> int:
-    return len(encode_header(block)) + block.nbytes
+    return encoded_size(block)
 
 
 async def _spill(pool, nas, obj, blocks) -> None:

@@ -123,17 +123,21 @@ class TieredOffload:
         except Exception as exc:  # a bug here must cost cache hits, not the engine
             self.store.failures.record("offload", "offer", exc)
             return
-        self._loop.call_soon_threadsafe(self.store.offer, blocks)
+        owned = _private_copies(pages)
+        self._loop.call_soon_threadsafe(functools.partial(self.store.offer, blocks, owned=owned))
 
     def _blocks(self, pages: list[OffloadPage]) -> list[Block]:
         ps = self.layout.page_size
-        kv = torch.stack([p.kv for p in pages]).to("cpu").contiguous()
-        if kv.dtype != _TORCH_DTYPES[self.layout.dtype] or kv.shape[1:] != self.layout.page_shape:
-            raise ValueError(
-                f"offered KV is {kv.dtype} {tuple(kv.shape[1:])}, the tiers hold "
-                f"{self.layout.dtype} {self.layout.page_shape}"
-            )
-        raw = kv.view(len(pages), -1).view(torch.uint8).numpy()
+        kv = _host_copies(pages)
+        for page in kv:
+            if (
+                page.dtype != _TORCH_DTYPES[self.layout.dtype]
+                or page.shape != self.layout.page_shape
+            ):
+                raise ValueError(
+                    f"offered KV is {page.dtype} {tuple(page.shape)}, the tiers hold "
+                    f"{self.layout.dtype} {self.layout.page_shape}"
+                )
         keys = chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
         return [
             make_block(
@@ -141,9 +145,9 @@ class TieredOffload:
                 self.namespace(p.namespace).digest,
                 self.layout.dtype,
                 tuple(p.kv.shape),
-                raw[i],
+                page.view(-1).view(torch.uint8).numpy(),
             )
-            for i, (p, key) in enumerate(zip(pages, keys, strict=True))
+            for p, key, page in zip(pages, keys, kv, strict=True)
         ]
 
     def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
@@ -254,6 +258,20 @@ class TieredOffload:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def _private_copies(pages: Sequence[OffloadPage]) -> bool:
+    """Whether :func:`_host_copies` gives each of ``pages`` host memory of its own."""
+    return all(p.kv.device.type == "cpu" for p in pages)
+
+
+def _host_copies(pages: Sequence[OffloadPage]) -> list[torch.Tensor]:
+    """The pages' KV in host memory, contiguous, copied once: from host memory page by page
+    (so that host RAM can keep each copy as it is and free it page by page), from a device
+    stacked into one transfer (host RAM copies those into its own memory)."""
+    if _private_copies(pages):
+        return [p.kv.clone(memory_format=torch.contiguous_format) for p in pages]
+    return list(torch.stack([p.kv for p in pages]).to("cpu").unbind())
 
 
 def _itemsize(dtype: str) -> int:
