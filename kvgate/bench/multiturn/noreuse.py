@@ -41,7 +41,10 @@ from protocol.metric_names import TIER_WRITE_QUEUE
 SLACK_TOKENS = 64
 #: how long a wave's write-behind may take to empty before the run gives up on it
 DRAIN_TIMEOUT_S = 300.0
-DRAIN_POLL_S = 0.02
+#: how often the write-behind's queue is read while a wave waits for it: the wait is
+#: counted against tiering, so a coarse poll would add up to its interval to every wave
+#: (0.02 s gave waits of 0.024-0.033 s, 0.5% of a 5 s wave, for writes of a few ms)
+DRAIN_POLL_S = 0.002
 
 
 @dataclass(frozen=True)

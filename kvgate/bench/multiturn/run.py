@@ -77,7 +77,7 @@ QUICK = RunSpec(
                configs=tuple(c for c in CONFIGS if c != "gateway_shared")),
     ),
     restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=5, recompute=1),
-    no_reuse_requests=3, no_reuse_clients=1, budget_s=900,
+    no_reuse_requests=5, no_reuse_clients=1, budget_s=900,
 )  # fmt: skip
 #: The full run: idle conversations 8x the pool, 8 chat clients, every conversation played
 #: one measured turn; about an hour and more on 2 CPU cores.
