@@ -43,10 +43,6 @@ async def env(pg_dsn: str, fresh_db: str, nas_dir: Path, s3_server: S3Endpoint):
     await pool.close()
 
 
-def _size(block) -> int:
-    return encoded_size(block)
-
-
 async def _spill(pool, nas, obj, blocks) -> None:
     """Spill ``blocks`` the way a worker does: host RAM, then write-behind to NAS + ledger."""
     store = await TieredStore(HostTier(1 << 30), nas=nas, obj=obj, ledger=Ledger(pool)).start()
@@ -60,7 +56,7 @@ async def test_watermark_demotes_lru_pages_to_s3_and_they_restore(env) -> None:
     blocks = chain(ns, 20)
     keys = [b.key for b in blocks]
     await _spill(pool, nas, obj, blocks)
-    page = _size(blocks[0])
+    page = encoded_size(blocks[0])
     # the first 5 pages were used recently: they must be the ones that stay
     ledger = Ledger(pool)
     ledger.touch(keys[:5])
@@ -84,7 +80,7 @@ async def test_watermark_demotes_lru_pages_to_s3_and_they_restore(env) -> None:
 async def test_crossing_the_high_watermark_starts_a_pass_before_the_interval(env) -> None:
     pool, nas, obj = env
     blocks = chain(namespace(), 20)
-    page = _size(blocks[0])
+    page = encoded_size(blocks[0])
     config = TierdConfig(
         nas_high_bytes=8 * page, nas_low_bytes=5 * page, interval_s=3600, watermark_check_s=0.05
     )
@@ -103,7 +99,7 @@ async def test_concurrent_tierds_never_demote_a_page_twice(env, pg_dsn: str, fre
     pool, nas, obj = env
     blocks = chain(namespace(), 30)
     await _spill(pool, nas, obj, blocks)
-    page = _size(blocks[0])
+    page = encoded_size(blocks[0])
     cfg = TierdConfig(nas_high_bytes=10 * page, nas_low_bytes=10 * page, batch_pages=4)
     pools = [await create_pool(pg_dsn, database=fresh_db, min_size=1, max_size=2) for _ in range(3)]
     objs = [ObjectTier(obj.config) for _ in pools]
@@ -123,7 +119,7 @@ async def test_reconcile_collects_orphans_and_repairs_rows_both_ways(env) -> Non
     ns = namespace()
     blocks = chain(ns, 4)
     ledger = Ledger(pool)
-    entries = [Entry(b.namespace, b.key, _size(b)) for b in blocks]
+    entries = [Entry(b.namespace, b.key, encoded_size(b)) for b in blocks]
     await nas.put_many(blocks[:2])  # block 0: data + row; block 1: data, no row
     await obj.put_many(blocks[2:3])  # block 2: S3 data, no row
     await ledger.record([entries[0], entries[3]], NAS)  # block 3: row, no data
@@ -155,7 +151,7 @@ async def test_quota_retention_and_object_capacity(env) -> None:
     big, small = namespace("big"), namespace("small")
     big_blocks, small_blocks = chain(big, 10), chain(small, 2)
     await _spill(pool, nas, obj, big_blocks + small_blocks)
-    page = _size(big_blocks[0])
+    page = encoded_size(big_blocks[0])
     ledger = Ledger(pool)
     ledger.touch(b.key for b in big_blocks[6:])  # the newest pages of "big" are the hot ones
     await ledger.flush_touches()
@@ -181,7 +177,7 @@ async def test_kvgate_tierd_once_runs_a_pass_from_settings(
     pool, nas, obj = env
     blocks = chain(namespace(), 6)
     await _spill(pool, nas, obj, blocks)
-    page = _size(blocks[0])
+    page = encoded_size(blocks[0])
     dsn = urlunsplit(urlsplit(pg_dsn)._replace(path=f"/{fresh_db}"))
     env_vars = {
         **os.environ,
@@ -218,12 +214,12 @@ async def test_demote_checks_an_object_bit_before_deleting_the_last_nas_copy(env
     ns = namespace()
     blocks = chain(ns, 3)
     keys = [b.key for b in blocks]
-    entries = [Entry(b.namespace, b.key, _size(b)) for b in blocks]
+    entries = [Entry(b.namespace, b.key, encoded_size(b)) for b in blocks]
     ledger = Ledger(pool)
     await nas.put_many(blocks[:2])
     await obj.put_many(blocks[:2])
     await ledger.record(entries[:2], NAS | OBJECT)  # restored from S3, then spilled again
-    cfg = TierdConfig(nas_high_bytes=2 * _size(blocks[0]), reconcile_interval_s=3600)
+    cfg = TierdConfig(nas_high_bytes=2 * encoded_size(blocks[0]), reconcile_interval_s=3600)
     tierd = Tierd(pool, nas, obj, cfg)
     assert (await tierd.run_pass()).nas_deleted == 0  # reconciled; at the watermark
     # page 1's object goes while its bit stays (a GET found it corrupt and deleted it, and
@@ -244,7 +240,7 @@ async def test_retention_without_an_object_store_ends_and_keeps_object_rows(env)
     ns = namespace()
     blocks = chain(ns, 6)
     keys = [b.key for b in blocks]
-    entries = [Entry(b.namespace, b.key, _size(b)) for b in blocks]
+    entries = [Entry(b.namespace, b.key, encoded_size(b)) for b in blocks]
     ledger = Ledger(pool)
     await obj.put_many(blocks[:4])
     await ledger.record(entries[:4], OBJECT)  # more object-only rows than one batch
@@ -269,7 +265,7 @@ async def test_demotion_makes_room_in_the_object_store_before_it_uploads(env) ->
     pool, nas, obj = env
     ns = namespace()
     blocks = chain(ns, 8)
-    page = _size(blocks[0])
+    page = encoded_size(blocks[0])
     ledger = Ledger(pool)
     await _spill(pool, nas, obj, blocks[:4])
     cfg = TierdConfig(nas_high_bytes=1, nas_low_bytes=0, object_max_bytes=4 * page)
@@ -280,7 +276,7 @@ async def test_demotion_makes_room_in_the_object_store_before_it_uploads(env) ->
     put_many = obj.put_many
 
     async def watched(batch):
-        held_at_upload.append(await ledger.usage(OBJECT) + sum(_size(b) for b in batch))
+        held_at_upload.append(await ledger.usage(OBJECT) + sum(encoded_size(b) for b in batch))
         await put_many(batch)
 
     obj.put_many = watched

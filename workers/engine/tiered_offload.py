@@ -119,16 +119,17 @@ class TieredOffload:
     def offer(self, pages: list[OffloadPage]) -> None:
         """Key the pages, copy their KV to host bytes and queue them; never blocks."""
         try:
-            blocks = self._blocks(pages)
+            blocks, owned = self._blocks(pages)
         except Exception as exc:  # a bug here must cost cache hits, not the engine
             self.store.failures.record("offload", "offer", exc)
             return
-        owned = _private_copies(pages)
         self._loop.call_soon_threadsafe(functools.partial(self.store.offer, blocks, owned=owned))
 
-    def _blocks(self, pages: list[OffloadPage]) -> list[Block]:
+    def _blocks(self, pages: list[OffloadPage]) -> tuple[list[Block], bool]:
+        """The pages as blocks over host copies of their KV, and whether each block's payload
+        is memory of its own (see :func:`_host_copies`)."""
         ps = self.layout.page_size
-        kv = _host_copies(pages)
+        kv, private = _host_copies(pages)
         for page in kv:
             if (
                 page.dtype != _TORCH_DTYPES[self.layout.dtype]
@@ -139,7 +140,7 @@ class TieredOffload:
                     f"{self.layout.dtype} {self.layout.page_shape}"
                 )
         keys = chain_keys([(self.namespace(p.namespace).digest, p.token_ids) for p in pages], ps)
-        return [
+        blocks = [
             make_block(
                 key,
                 self.namespace(p.namespace).digest,
@@ -149,6 +150,7 @@ class TieredOffload:
             )
             for p, key, page in zip(pages, keys, kv, strict=True)
         ]
+        return blocks, private
 
     def touch(self, namespace: str, token_ids: Sequence[int], n_pages: int) -> None:
         """Under write-through, note a use of the first ``n_pages`` pages in the ledger, as a
@@ -223,7 +225,7 @@ class TieredOffload:
     def send_down(self, namespace: str, pages: list[OffloadPage], tier: str) -> cold_storage.Moved:
         """Write ``pages`` and the namespace's host RAM pages to ``tier``, then drop them
         from host RAM (see :mod:`tiering.cold_storage`); blocks up to ``SEND_DOWN_TIMEOUT_S``."""
-        blocks = self._blocks(pages) if pages else []
+        blocks = self._blocks(pages)[0] if pages else []
         digest = self.namespace(namespace).digest
         return self._call(
             cold_storage.send_down(self.store, digest, blocks, tier), SEND_DOWN_TIMEOUT_S
@@ -260,18 +262,14 @@ class TieredOffload:
             self._thread.join(10)
 
 
-def _private_copies(pages: Sequence[OffloadPage]) -> bool:
-    """Whether :func:`_host_copies` gives each of ``pages`` host memory of its own."""
-    return all(p.kv.device.type == "cpu" for p in pages)
-
-
-def _host_copies(pages: Sequence[OffloadPage]) -> list[torch.Tensor]:
-    """The pages' KV in host memory, contiguous, copied once: from host memory page by page
-    (so that host RAM can keep each copy as it is and free it page by page), from a device
-    stacked into one transfer (host RAM copies those into its own memory)."""
-    if _private_copies(pages):
-        return [p.kv.clone(memory_format=torch.contiguous_format) for p in pages]
-    return list(torch.stack([p.kv for p in pages]).to("cpu").unbind())
+def _host_copies(pages: Sequence[OffloadPage]) -> tuple[list[torch.Tensor], bool]:
+    """The pages' KV in host memory, contiguous, copied once, and whether each copy is
+    memory of its own: from host memory page by page (so that host RAM can keep each copy
+    as it is and free it page by page), from a device stacked into one transfer (views of
+    one buffer, which host RAM copies into its own memory)."""
+    if all(p.kv.device.type == "cpu" for p in pages):
+        return [p.kv.clone(memory_format=torch.contiguous_format) for p in pages], True
+    return list(torch.stack([p.kv for p in pages]).to("cpu").unbind()), False
 
 
 def _itemsize(dtype: str) -> int:
