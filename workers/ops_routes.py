@@ -1,5 +1,5 @@
-"""Operational endpoints: health, load, metrics, server info, abort, cache flush and cold
-storage.
+"""Operational endpoints: health, load, metrics, server info, abort, cache flush, cold
+storage, and attaching or detaching the tiers below the device pool.
 
 Shapes follow SGLang's server so that one gateway and one dashboard handle both the
 built-in worker and SGLang workers. Like every worker route they trust their caller: only
@@ -47,6 +47,19 @@ class ColdStorageRequest(BaseModel):
     #: the cache namespace, as completions carry it (the gateway sets it)
     cache_salt: str = Field(max_length=256)
     tier: Literal["nas", "object"]
+
+
+#: the name ``/hicache/storage-backend`` gives this worker's tiers (host RAM, NAS, object
+#: store, ledger: whichever it was started with; there is no other backend to switch to)
+TIERS_BACKEND = "kvgate"
+
+
+class StorageBackendRequest(BaseModel):
+    """Body of ``PUT /hicache/storage-backend``, as SGLang takes it (its backend's name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hicache_storage_backend: Literal["kvgate"]
 
 
 def ops_routes(ctx: WorkerContext) -> list[Route]:
@@ -142,6 +155,31 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
             return JSONResponse(error_body(503, message), status_code=503)
         return JSONResponse(dataclasses.asdict(sent))
 
+    def backend_state() -> dict[str, str | None]:
+        return {
+            "hicache_storage_backend": TIERS_BACKEND if ctx.engine.tiers_attached else None,
+            "configured": TIERS_BACKEND if ctx.engine.has_tiers else None,
+        }
+
+    async def storage_backend(request: Request) -> Response:
+        # SGLang's runtime attach/detach: GET says what is attached, PUT attaches the tiers
+        # the worker was started with, DELETE detaches them; both only while idle.
+        if request.method == "GET":
+            return JSONResponse(backend_state())
+        attach = request.method == "PUT"
+        if attach:
+            parse_body(StorageBackendRequest, await request.body())
+        try:
+            # It waits for the step under way: keep it off the event loop.
+            done = await anyio.to_thread.run_sync(ctx.engine.attach_tiers, attach)
+        except ColdStorageUnavailable as exc:
+            return JSONResponse(error_body(409, str(exc)), status_code=409)
+        if not done:
+            verb = "attach" if attach else "detach"
+            message = f"requests are running or queued; {verb} the tiers once the worker is idle"
+            return JSONResponse(error_body(400, message), status_code=400)
+        return JSONResponse(backend_state())
+
     return [
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
@@ -151,4 +189,5 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
         Route("/abort_request", abort_request, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST"]),
         Route("/cold_storage", cold_storage, methods=["POST"]),
+        Route("/hicache/storage-backend", storage_backend, methods=["GET", "PUT", "DELETE"]),
     ]

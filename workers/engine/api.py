@@ -158,5 +158,25 @@ class Engine(Protocol):
         """Move the cache namespace's pages off the device and host RAM onto ``tier``
         (``nas`` or ``object``), each written there before it leaves a faster tier; pages
         running requests use stay. Blocks (call it off the event loop); raises
-        ``tiering.cold_storage.ColdStorageUnavailable`` when the tier is not configured."""
+        ``tiering.cold_storage.ColdStorageUnavailable`` when the tier is not configured
+        or the tiers are detached."""
+        ...
+
+    @property
+    def has_tiers(self) -> bool:
+        """Whether the engine was built with tiers below its device pool."""
+        ...
+
+    @property
+    def tiers_attached(self) -> bool:
+        """Whether it uses them now: offers its pages and restores prefixes from them."""
+        ...
+
+    def attach_tiers(self, attached: bool) -> bool:
+        """Start (``attached``) or stop using the tiers, as SGLang's HiCache storage backend
+        is attached and detached at runtime; False (and nothing changed) unless the engine
+        is idle, no request running or queued. Detached, evicted pages are dropped and
+        every prefix not in the device pool is recomputed; the tiers keep what they hold.
+        Raises ``tiering.cold_storage.ColdStorageUnavailable`` when attaching an engine
+        built without tiers."""
         ...

@@ -25,6 +25,7 @@ from typing import Literal
 
 import torch
 
+from tiering.cold_storage import ColdStorageUnavailable
 from workers.engine import cold_storage
 from workers.engine.api import EngineLoad, GenerateRequest, SentDown, TokenEvent
 from workers.engine.config import ModelConfig
@@ -151,15 +152,15 @@ class TorchEngine:
             dtype=kv_dtype,
             device=device,
         )
+        #: the tiers this engine was built with (:class:`NoOffload` when none); whether it
+        #: uses them now is :attr:`tiers_attached`
         self.offload = offload or NoOffload()
-        self.cache = RadixCache(
-            self.pool, self.offload.offer, write_through=self.offload.write_through
-        )
+        self.cache = RadixCache(self.pool)
         self.scheduler = Scheduler(
             self.model,
             self.pool,
             self.cache,
-            self.offload,
+            NoOffload(),
             emit=self._emit,
             max_batch=options.max_batch,
             token_budget=options.token_budget,
@@ -170,6 +171,7 @@ class TorchEngine:
         self._inbox: deque[tuple[str, object]] = deque()
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()  # held while the thread touches scheduler state
+        self._wire(self.offload)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{model_id}", daemon=True)
         self._thread.start()
@@ -209,7 +211,32 @@ class TorchEngine:
         )
 
     def send_down(self, namespace: str, tier: str) -> SentDown:
+        if self.has_tiers and not self.tiers_attached:
+            raise ColdStorageUnavailable(
+                "this worker's tiers are detached; attach them (PUT /hicache/storage-backend) "
+                "before sending pages down"
+            )
         return cold_storage.send_down(self.cache, self.offload, self._step_lock, namespace, tier)
+
+    @property
+    def has_tiers(self) -> bool:
+        return not isinstance(self.offload, NoOffload)
+
+    @property
+    def tiers_attached(self) -> bool:
+        return self.scheduler.offload is self.offload and self.has_tiers
+
+    def attach_tiers(self, attached: bool) -> bool:
+        if attached and not self.has_tiers:
+            raise ColdStorageUnavailable(
+                "this worker was started without tiers below its device pool"
+            )
+        # The step lock first: a step holding it takes the condition to emit tokens.
+        with self._step_lock, self._cond:
+            if self.scheduler.has_work or any(kind == "add" for kind, _ in self._inbox):
+                return False
+            self._wire(self.offload if attached else NoOffload())
+        return True
 
     # --- extras for the server and tests --------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -231,6 +258,15 @@ class TorchEngine:
             self._emit(TokenEvent(rid, [], finished=True, finish_reason="abort"))
 
     # --- internals ------------------------------------------------------------------------------
+    def _wire(self, offload: KVOffload) -> None:
+        """Have the radix cache and the scheduler use ``offload``. With :class:`NoOffload`
+        the cache gets no hook at all: an evicted page is freed, not first copied out to be
+        dropped."""
+        none = isinstance(offload, NoOffload)
+        self.cache.offer = None if none else offload.offer
+        self.cache.write_through = offload.write_through
+        self.scheduler.offload = offload
+
     def _validate(self, request: GenerateRequest) -> RequestSampler:
         """Check ``request`` against the model and the pool; its sampler, built here so that
         bad sampling values fail this request now rather than a step it shares."""
