@@ -63,12 +63,12 @@ def restore_s(rates: Rates, lengths: Sequence[int], restores: int, recomputes: i
 
 
 def no_reuse_s(rates: Rates, compare: Compare, requests: int) -> float:
-    """The no-reuse pair: ``requests`` first turns on each of two workers."""
+    """The no-reuse pair: ``requests`` first turns on each side of one worker."""
     convs = compare.workload
     first = sum(
         rates.request_s(request_tokens(c, 0), 0, c.turns[0].answer_tokens) for c in convs
     ) / len(convs)
-    return 2 * rates.worker_start_s + 2 * requests * first
+    return rates.worker_start_s + 2 * requests * first
 
 
 Workload = tuple[Compare, Costs, Sequence[str]]

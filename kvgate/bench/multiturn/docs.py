@@ -173,8 +173,9 @@ def method(data: dict[str, Any]) -> list[str]:
         "two workers with half the cores each sharing NAS and S3, every follow-up turn routed "
         "to the other worker). Each starts from its own copy of the primed NAS and ledger.",
         "- Scale: " + _budget_line(data),
-        "- No reuse: first turns of fresh chat conversations on two fresh workers, tiering "
-        "off vs on, in interleaved waves (the first on each is warm-up; see "
+        "- No reuse: first turns of fresh chat conversations on one fresh worker, its tiers "
+        "detached (off) and attached (on) in turn, in interleaved waves (the first on each is "
+        "warm-up; see "
         "`kvgate/bench/multiturn/noreuse.py`); `no_reuse_overhead` is the median over the "
         "measured waves of 1 − (seconds off ÷ seconds on). Restore vs resident: one turn "
         "whose history is in L1, L2, L3, L4 or nowhere (`kvgate/bench/multiturn/restore.py`).",

@@ -2,25 +2,29 @@
 
 Every request is the first turn of a fresh conversation, so no tier ever serves a page and
 tiering is pure cost: keying and copying every request's pages, host RAM, the NAS
-write-behind and its ledger rows. Two fresh workers run side by side, ``off`` (no lower tiers) and ``on``
-(every tier and the ledger; no tierd). The requests are played in waves of one request per
-client, each wave on one worker while the other idles, in the order off·on, on·off, off·on,
-…, so that whatever drifts on a shared machine (load, page cache, clocks) weighs on both
-alike: two runs one after the other measured that drift as much as the cost. A wave on a
-tiered worker ends only once its write-behind has written every page it was given, so the
-worker pays for the background work its wave caused. The first wave on each is warm-up.
-Requests/s of a side is its measured requests over the sum of its waves' seconds; the
-overhead figure is the median over waves of each wave's own on/off ratio (see
-:mod:`kvgate.bench.multiturn.report`), which one stalled wave cannot move. The
-caller sizes both workers' L1 to hold a whole wave: with less, a preempted request's pages
-would come back from host RAM with tiering on and be recomputed with it off, and the pair
-would measure that help instead of the cost.
+write-behind and its ledger rows. One worker with every tier (and the ledger; no tierd)
+plays both sides: ``off`` with its tiers detached and ``on`` with them attached
+(``/hicache/storage-backend``, as SGLang switches its storage backend at runtime), its L1
+flushed before every wave. One process, because two processes are two draws of memory: with
+both sides of a two-worker pair untiered, the second-started decoded 3% slower and the
+"overhead" came out at 0.020, twice the target, for no tiering at all.
+
+The requests are played in waves of one request per client, each wave once with the tiers
+off and once on, in the order off·on, on·off, off·on, …, so that whatever drifts on a
+shared machine (load, page cache, clocks) weighs on both alike. A wave with the tiers on
+ends only once its write-behind has written every page it was given, so the wave pays for
+the background work it caused. The first wave of each side is warm-up. Requests/s of a side
+is its measured requests over the sum of its waves' seconds; the overhead figure is the
+median over waves of each wave's own on/off ratio (see
+:mod:`kvgate.bench.multiturn.report`), which one stalled wave cannot move. The caller sizes
+the worker's L1 to hold a whole wave: with less, a preempted request's pages would come
+back from host RAM with the tiers on and be recomputed with them off, and the pair would
+measure that help instead of the cost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -47,13 +51,17 @@ DRAIN_TIMEOUT_S = 300.0
 DRAIN_POLL_S = 0.002
 
 
+#: what ``PUT /hicache/storage-backend`` names: the worker's own tiers
+BACKEND = {"hicache_storage_backend": "kvgate"}
+
+
 @dataclass(frozen=True)
 class Side:
-    """One worker of the pair."""
+    """One side of the pair: the worker, and whether its tiers are attached."""
 
     label: str
     url: str
-    #: whether it writes behind (its waves wait for the write-behind to empty)
+    #: tiers attached (its waves also wait for the write-behind to empty)
     tiered: bool
 
 
@@ -108,16 +116,42 @@ async def drained(url: str) -> None:
             await asyncio.sleep(DRAIN_POLL_S)
 
 
-async def _wave(side: Side, convs: list[Conversation], warmup: bool) -> tuple[list[Result], float]:
-    """The wave's results and the seconds it then waited for the write-behind to empty."""
+async def _set_up(side: Side) -> None:
+    """Empty the worker's L1 (nothing offloaded), then attach or detach its tiers."""
+    async with httpx.AsyncClient(base_url=side.url, timeout=60.0) as client:
+        (await client.post("/flush_cache")).raise_for_status()
+        route = "/hicache/storage-backend"
+        switched = await (client.put(route, json=BACKEND) if side.tiered else client.delete(route))
+        switched.raise_for_status()
+        if (switched.json()["hicache_storage_backend"] is not None) != side.tiered:
+            raise RuntimeError(f"{side.url}: the tiers did not switch: {switched.text}")
+
+
+async def _wave(side: Side, w: int, convs: list[Conversation]) -> tuple[list[Result], float]:
+    """Wave ``w``'s results and the seconds it then waited for the write-behind to empty.
+
+    Each side's wave is a cache namespace of its own: both sides play the same conversations
+    on one worker, and their shared system prompt must not come back from the tiers an
+    earlier wave filled (requests of one wave share it in L1, on both sides alike)."""
     clients = len(convs)
-    plan = Plan(clients=clients, active=clients, warmup=clients if warmup else 0)
-    results = await run(Target(side.url), convs, plan, progress=False)
+    plan = Plan(clients=clients, active=clients, warmup=clients if w == 0 else 0)
+    target = Target(side.url, cache_salt=f"noreuse-{side.label}-{w}")
+    results = await run(target, convs, plan, progress=False)
     if not side.tiered:
         return results, 0.0
     start = time.perf_counter()
     await drained(side.url)
     return results, time.perf_counter() - start
+
+
+async def _timed_wave(
+    side: Side, w: int, convs: list[Conversation]
+) -> tuple[list[Result], float, float]:
+    """:func:`_wave`, and its seconds from the first request to the write-behind emptied."""
+    await _set_up(side)
+    start = time.perf_counter()
+    results, drain = await _wave(side, w, convs)
+    return results, drain, time.perf_counter() - start
 
 
 def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) -> dict[str, dict]:
@@ -130,10 +164,9 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
     seconds: dict[str, list[float]] = {s.label: [] for s in sides}
     drains: dict[str, list[float]] = {s.label: [] for s in sides}
     for w, side in order(len(cut), sides):
-        start = time.perf_counter()
-        played, drain = asyncio.run(_wave(side, cut[w], warmup=w == 0))
+        played, drain, took = asyncio.run(_timed_wave(side, w, cut[w]))
         results[side.label] += played
-        seconds[side.label].append(time.perf_counter() - start)
+        seconds[side.label].append(took)
         drains[side.label].append(drain)
         kind = "warm-up" if w == 0 else "measured"
         click.echo(
@@ -155,8 +188,8 @@ def l1_tokens(convs: Sequence[Conversation], clients: int) -> int:
 
     With less, a wave's requests preempt one another, and a preempted request's pages come
     back from host RAM when tiering is on but are recomputed when it is off: the pair would
-    measure that help, not the price of tiering when it cannot help. Older waves' pages are
-    still evicted to make room (with tiering, each request's pages went down when it ended).
+    measure that help, not the price of tiering when it cannot help. (Older waves' pages are
+    flushed before each wave, on both sides alike.)
     """
     return max(sum(c.tokens(1) + SLACK_TOKENS for c in wave) for wave in waves(convs, clients))
 
@@ -164,8 +197,9 @@ def l1_tokens(convs: Sequence[Conversation], clients: int) -> int:
 def play_pair(
     svc: stack.Services, convs: Sequence[Conversation], clients: int, kv_bytes: int, log_dir: Path
 ) -> tuple[dict[str, dict], str, int]:
-    """Both workers side by side on fresh sites, ``convs``' first turns played in
-    interleaved waves of ``clients``; returns (figures, failure or "", the L1 in tokens)."""
+    """One worker with every tier on a fresh site, ``convs``' first turns played in
+    interleaved waves of ``clients`` with its tiers detached and attached; returns
+    (figures, failure or "", the L1 in tokens)."""
     click.echo("--- no reuse, tiering off vs on, interleaved", err=True)
     first = [replace(c, turns=c.turns[:1]) for c in convs]
     l1 = l1_tokens(first, clients)
@@ -173,13 +207,10 @@ def play_pair(
     sizes = {"tier_host_bytes": l1 * kv_bytes, "worker_kv_pool_bytes": l1 * kv_bytes}
     logs = log_dir / "no-reuse"
     try:
-        with contextlib.ExitStack() as workers:
-            sides = []
-            for label, tiers in (("off", ""), ("on", every_tier)):
-                site = stack.new_site(svc, f"noreuse_{label}", **sizes)
-                url = workers.enter_context(stack.worker(f"noreuse-{label}", tiers, site, logs))
-                sides.append(Side(label, url, tiered=bool(tiers)))
-            return play((sides[0], sides[1]), first, clients), "", l1
+        site = stack.new_site(svc, "noreuse", **sizes)
+        with stack.worker("noreuse", every_tier, site, logs) as url:
+            sides = (Side("off", url, tiered=False), Side("on", url, tiered=True))
+            return play(sides, first, clients), "", l1
     except (stack.PartError, OSError, RuntimeError, ValueError, httpx.HTTPError) as exc:
         click.echo(f"no reuse failed: {exc}", err=True)
         return {}, str(exc), l1

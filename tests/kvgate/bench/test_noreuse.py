@@ -1,5 +1,6 @@
 """The no-reuse pair of ``kvgate bench multiturn --compare``: waves, their interleaving, and
-a real pair of workers played that way (the tiered one drained after each of its waves)."""
+one real worker playing both sides that way (its tiers detached, then attached and drained
+after each wave)."""
 
 from __future__ import annotations
 
@@ -65,32 +66,32 @@ def _store_events(url: str) -> dict[str, float]:
     }
 
 
-def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
+def test_one_real_worker_plays_both_sides_and_only_its_tiered_waves_write_and_drain(
     tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drained = noreuse.drained
-    after_drain: list[tuple[str, float]] = []
+    drained, set_up = noreuse.drained, noreuse._set_up
+    after_drain: list[float] = []
+    at_wave_start: list[tuple[str, float]] = []  # side, pages written so far
 
-    async def recorded(url: str) -> None:  # the real wait, then what the worker says
+    async def recorded_drain(url: str) -> None:  # the real wait, then what the worker says
         await drained(url)
         async with httpx.AsyncClient() as client:
-            text = (await client.get(f"{url}/metrics")).text
-        after_drain.append((url, write_queue(text)))
+            after_drain.append(write_queue((await client.get(f"{url}/metrics")).text))
 
-    monkeypatch.setattr(noreuse, "drained", recorded)
+    async def recorded_set_up(side: Side) -> None:
+        await set_up(side)
+        at_wave_start.append((side.label, _store_events(side.url).get("written", 0)))
+
+    monkeypatch.setattr(noreuse, "drained", recorded_drain)
+    monkeypatch.setattr(noreuse, "_set_up", recorded_set_up)
     convs = conversations(6, FIRST_TURNS, seed=3)
-    logs = tmp_path / "logs"
-    host = {"KVGATE_TIER_HOST_BYTES": str(1 << 30)}
-    # an L1 of 384 tokens: it must evict
-    off_site = tiny_site(tmp_path / "nas-off", smollm2_gguf, pool_tokens=384, **host)
-    on_site = tiny_site(tmp_path / "nas-on", smollm2_gguf, pool_tokens=384, **host)
-    with (
-        stack.worker("off", "", off_site, logs) as off_url,
-        stack.worker("on", "host,nas", on_site, logs) as on_url,
-    ):
-        out = play((Side("off", off_url, False), Side("on", on_url, True)), convs, clients=2)
-        on_events = _store_events(on_url)
-        queue_after = write_queue(httpx.get(f"{on_url}/metrics").text)
+    site = tiny_site(
+        tmp_path / "nas", smollm2_gguf, pool_tokens=384, KVGATE_TIER_HOST_BYTES=str(1 << 30)
+    )
+    with stack.worker("pair", "host,nas", site, tmp_path / "logs") as url:
+        out = play((Side("off", url, False), Side("on", url, True)), convs, clients=2)
+        written_at_end = _store_events(url).get("written", 0)
+        backend = httpx.get(f"{url}/hicache/storage-backend").json()
     for label in ("off", "on"):
         s = out[label]
         assert s["requests"] == 4 and s["errors"] == 0  # two measured waves of two
@@ -99,9 +100,12 @@ def test_a_real_pair_plays_interleaved_waves_and_the_tiered_side_is_drained(
         assert s["seconds"] == pytest.approx(sum(s["wave_seconds"][1:]))
         assert s["rps"] == pytest.approx(4 / s["seconds"])
         assert s["cached_by_tier"].get("host", 0) == 0 and s["cached_by_tier"].get("nas", 0) == 0
-    assert on_events.get("written", 0) > 0  # evicted pages went down to the NAS
-    # every wave on the tiered worker, and only there, ended once they were all written
-    assert after_drain == [(on_url, 0)] * 3
+    # pages reached the NAS during the waves with the tiers on, and only during those
+    marks = [w for _, w in at_wave_start] + [written_at_end]
+    for (label, _), before, after in zip(at_wave_start, marks[:-1], marks[1:], strict=True):
+        assert (after > before) == (label == "on"), (label, before, after)
+    # each of those waves ended once every page was written; the others waited for nothing
+    assert after_drain == [0.0] * 3
     assert out["off"]["drain_seconds"] == [0.0] * 3 and min(out["on"]["drain_seconds"]) > 0
-    assert queue_after == 0
-    assert any((tmp_path / "nas-on").rglob("*.kvb"))
+    assert backend["hicache_storage_backend"] is not None  # the last wave played attached
+    assert any((tmp_path / "nas").rglob("*.kvb"))
