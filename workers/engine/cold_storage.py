@@ -30,11 +30,8 @@ def send_down(
     """Move ``namespace``'s unpinned device pages (and its host RAM pages) to ``tier``."""
     with lock:
         nodes, chains, pinned = cache.unpinned(namespace)
-        kv = cache.pool.read_pages([n.page for n in nodes]).to("cpu") if nodes else None  # type: ignore[misc]
-    pages = [
-        OffloadPage(namespace, chain, kv[i])  # type: ignore[index]
-        for i, chain in enumerate(chains)
-    ]
+        kv = cache.pool.page_copies([n.page for n in nodes])  # type: ignore[misc]
+    pages = [OffloadPage(namespace, chain, kv[i]) for i, chain in enumerate(chains)]
     moved = offload.send_down(namespace, pages, tier)
     with lock:
         freed = cache.drop(nodes)

@@ -121,13 +121,23 @@ class KVPool:
         self._free.extend(page_ids)
 
     # --- export / import for tiering ------------------------------------------------------------
-    def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
-        """A contiguous copy ``[n, layers, page_size, 2, kv_heads, head_dim]`` of the pages."""
+    def page_copies(self, page_ids: Sequence[int]) -> list[torch.Tensor]:
+        """A copy of each page's KV, ``[layers, page_size, 2, kv_heads, head_dim]``.
+
+        On a CPU each copy is memory of its own, which host RAM can keep as it is and free
+        page by page: one copy per page, 5.8 ms for 130 pages of SmolLM2 here, where one
+        ``index_select`` over the page axis, transposed to pages first, took 38. On a device
+        the pages are gathered in one kernel and come as views of one buffer, which the
+        offload moves to the host in one transfer.
+        """
+        if self.kv.device.type == "cpu":
+            return [self.kv[:, p].clone(memory_format=torch.contiguous_format) for p in page_ids]
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
-        return self.kv.index_select(1, idx).transpose(0, 1).contiguous()
+        return list(self.kv.index_select(1, idx).transpose(0, 1).contiguous().unbind())
 
     def write_pages(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
-        """Store ``pages`` (as :meth:`read_pages` returns them) into ``page_ids``."""
+        """Store ``pages`` (``[n, layers, page_size, 2, kv_heads, head_dim]``, the
+        :meth:`page_copies` stacked) into ``page_ids``."""
         if len(pages) != len(page_ids):
             raise ValueError(f"{len(pages)} pages of KV for {len(page_ids)} page ids")
         if tuple(pages.shape[1:]) != self.layout.page_shape:

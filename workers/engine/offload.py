@@ -45,7 +45,8 @@ class OffloadPage:
     namespace: str
     #: every token from the start of the sequence up to and including this page's tokens
     token_ids: tuple[int, ...]
-    #: this page's KV, ``[layers, page_size, 2, kv_heads, head_dim]`` (a CPU-or-device copy)
+    #: this page's KV, ``[layers, page_size, 2, kv_heads, head_dim]``: a copy the offload may
+    #: keep (on a CPU, memory of its own; on a device, possibly a view of a gathered batch)
     kv: torch.Tensor
 
 

@@ -298,7 +298,7 @@ class RadixCache:
         """Give ``nodes``' pages (whose token chains are ``chains``) to ``offer`` in one
         batch and mark them stored."""
         assert self.offer is not None
-        kv = self.pool.read_pages([n.page for n in nodes])  # type: ignore[misc]
+        kv = self.pool.page_copies([n.page for n in nodes])  # type: ignore[misc]
         out = [
             OffloadPage(n.namespace, chain, kv[i])
             for i, (n, chain) in enumerate(zip(nodes, chains, strict=True))

@@ -263,12 +263,15 @@ class TieredOffload:
 
 
 def _host_copies(pages: Sequence[OffloadPage]) -> tuple[list[torch.Tensor], bool]:
-    """The pages' KV in host memory, contiguous, copied once, and whether each copy is
-    memory of its own: from host memory page by page (so that host RAM can keep each copy
-    as it is and free it page by page), from a device stacked into one transfer (views of
-    one buffer, which host RAM copies into its own memory)."""
+    """The pages' KV in host memory, contiguous, and whether each is memory of its own.
+
+    Pages in host memory are the pool's copies made for the offload
+    (:meth:`~workers.engine.kv_pool.KVPool.page_copies`), one per page: host RAM keeps
+    them as they are and frees them page by page. Pages on a device are views of one
+    gathered buffer, stacked into one transfer; host RAM copies those into its own memory.
+    """
     if all(p.kv.device.type == "cpu" for p in pages):
-        return [p.kv.clone(memory_format=torch.contiguous_format) for p in pages], True
+        return [p.kv.contiguous() for p in pages], True
     return list(torch.stack([p.kv for p in pages]).to("cpu").unbind()), False
 
 

@@ -35,8 +35,14 @@ def test_pool_accounting_and_page_round_trip() -> None:
     assert pool.free_pages == 5  # a failed alloc takes nothing
     data = torch.randn(2, *pool.layout.page_shape)
     pool.write_pages(pages[1:], data)
-    assert torch.equal(pool.read_pages(pages[1:]), data)
-    assert torch.equal(pool.read_pages([pages[2]])[0], data[1])
+    assert torch.equal(torch.stack(pool.page_copies(pages[1:])), data)
+    assert torch.equal(pool.page_copies([pages[2]])[0], data[1])
+    copies = pool.page_copies(pages[1:])
+    pool.write_pages(pages[1:], torch.zeros_like(data))
+    assert torch.equal(torch.stack(copies), data)  # copies, not views of the pool
+    # each memory of its own (host RAM keeps them as they are and frees them one by one)
+    assert all(c.untyped_storage().nbytes() == c.nbytes for c in copies)
+    pool.write_pages(pages[1:], data)
     # a page's layout is its slot's: token t of layer l is the pool's row for that slot
     slot_row = pages[2] * 4 + 3
     assert torch.equal(pool.layer_slots[1][slot_row], data[1, 1, 3])
@@ -53,7 +59,7 @@ def test_pool_accounting_and_page_round_trip() -> None:
 def test_a_restore_writes_bytes_straight_into_the_slots() -> None:
     pool = _pool(8)
     pages = pool.alloc(3)
-    before = pool.read_pages(pages)
+    before = torch.stack(pool.page_copies(pages))
     target = pool.restore_target(pages[1:])
     assert target.in_pool and len(target.views) == 2
     assert all(len(parts) == 2 for parts in target.views)  # one run of bytes per layer
@@ -65,8 +71,10 @@ def test_a_restore_writes_bytes_straight_into_the_slots() -> None:
             part[:] = raw[pos : pos + part.nbytes]
             pos += part.nbytes
     target.commit(2)  # nothing left to move on a CPU pool
-    assert torch.equal(pool.read_pages(pages[1:]), new)
-    assert torch.equal(pool.read_pages(pages[:1]), before[:1])  # its neighbour is untouched
+    assert torch.equal(torch.stack(pool.page_copies(pages[1:])), new)
+    assert torch.equal(
+        torch.stack(pool.page_copies(pages[:1])), before[:1]
+    )  # its neighbour is untouched
 
 
 def test_held_back_pages_return_only_when_given_back() -> None:
@@ -147,7 +155,7 @@ def test_radix_match_lock_and_lru_eviction_with_hook() -> None:
     cache.match("ns", a[:8])  # touch a's first two pages: a's leaf is now the oldest
     assert cache.evict(1) == 1
     assert [e.token_ids for e in evicted] == [tuple(a)]
-    assert torch.equal(evicted[0].kv, pool.read_pages([pa[2]])[0])
+    assert torch.equal(evicted[0].kv, pool.page_copies([pa[2]])[0])
     assert evicted[0].namespace == "ns"
     assert cache.evict(10) == 1  # a's second page; the rest is pinned
     assert evicted[1].token_ids == tuple(a[:8])
@@ -171,7 +179,7 @@ def test_radix_hands_each_page_down_once() -> None:
     )
     cache.insert("ns", a, pa)
     assert [p.token_ids for p in offered] == [tuple(a[:4]), tuple(a[:8]), tuple(a)]
-    assert torch.equal(torch.stack([p.kv for p in offered]), pool.read_pages(pa))
+    assert torch.equal(torch.stack([p.kv for p in offered]), torch.stack(pool.page_copies(pa)))
     pb = pool.alloc(3)
     cache.insert("ns", b, pb)
     pool.free([pb[0]])
