@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -56,6 +57,19 @@ def worker_app(engine: TorchEngine, gguf: Path, config: ServerConfig | None = No
 async def complete(client: httpx.AsyncClient, **fields: object) -> httpx.Response:
     """``POST /v1/completions`` for :data:`MODEL` with ``fields``."""
     return await client.post("/v1/completions", json={"model": MODEL, **fields})
+
+
+async def greedy_turn(client: httpx.AsyncClient, prompt: list[int], salt: str) -> dict[str, Any]:
+    """A 4-token greedy completion of ``prompt`` in cache namespace ``salt``; its JSON."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": salt, **GREEDY}
+    reply = await client.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def cached_by_tier(answer: dict[str, Any]) -> dict[str, int]:
+    """Which tier served how many of an answer's cached prompt tokens."""
+    return answer["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:

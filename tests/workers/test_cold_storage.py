@@ -16,7 +16,7 @@ import pytest
 
 from kvgate.stack.seaweed import S3Endpoint
 from tests.support.tiering import object_config
-from tests.support.worker import GREEDY, MODEL, tiered_tiny_engine, worker_app
+from tests.support.worker import cached_by_tier, greedy_turn, tiered_tiny_engine, worker_app
 
 PAGE = 16
 
@@ -34,17 +34,6 @@ async def tiered(
             yield client, nas
 
 
-async def _complete(client: httpx.AsyncClient, prompt: list[int], salt: str) -> dict[str, Any]:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": salt, **GREEDY}
-    reply = await client.post("/v1/completions", json=body)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def _tiers(answer: dict[str, Any]) -> dict[str, int]:
-    return answer["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
-
-
 async def _send_down(client: httpx.AsyncClient, salt: str, tier: str) -> dict[str, Any]:
     reply = await client.post("/cold_storage", json={"cache_salt": salt, "tier": tier})
     assert reply.status_code == 200, reply.text
@@ -59,8 +48,8 @@ async def test_a_namespace_sent_to_the_nas_then_the_object_store_comes_back_from
     prompt = list(range(3000, 3100))  # 6 full pages; the 7th is recomputed for its logits
     other = list(range(5000, 5100))
     resident = 6 * PAGE
-    first = await _complete(c, prompt, mine)
-    await _complete(c, other, theirs)
+    first = await greedy_turn(c, prompt, mine)
+    await greedy_turn(c, other, theirs)
 
     sent = await _send_down(c, mine, "nas")
     assert sent["tier"] == "nas"
@@ -68,17 +57,17 @@ async def test_a_namespace_sent_to_the_nas_then_the_object_store_comes_back_from
     assert sent["pages"] >= sent["device_pages"]
     assert list(nas_dir.rglob("*")), "nothing was written to the NAS"
 
-    from_nas = await _complete(c, prompt, mine)
-    assert _tiers(from_nas) == {"device": 0, "host": 0, "nas": resident, "object": 0}
+    from_nas = await greedy_turn(c, prompt, mine)
+    assert cached_by_tier(from_nas) == {"device": 0, "host": 0, "nas": resident, "object": 0}
     assert from_nas["choices"][0]["text"] == first["choices"][0]["text"]
     # the other namespace was not touched: still on the device
-    assert _tiers(await _complete(c, other, theirs))["device"] == resident
+    assert cached_by_tier(await greedy_turn(c, other, theirs))["device"] == resident
 
     sent = await _send_down(c, mine, "object")
     assert sent["tier"] == "object" and sent["nas_pages"] >= 6
 
-    from_object = await _complete(c, prompt, mine)
-    assert _tiers(from_object) == {"device": 0, "host": 0, "nas": 0, "object": resident}
+    from_object = await greedy_turn(c, prompt, mine)
+    assert cached_by_tier(from_object) == {"device": 0, "host": 0, "nas": 0, "object": resident}
     assert from_object["choices"][0]["text"] == first["choices"][0]["text"]
 
     info = (await c.get("/server_info")).json()
@@ -92,10 +81,10 @@ async def test_moves_while_the_conversation_is_being_served_change_no_answer(
     salt = f"busy-{uuid.uuid4().hex}"
     prompt = list(range(7000, 7090))
     # the same tokens computed cold, in a namespace nothing moves
-    expected = (await _complete(c, prompt, f"cold-{uuid.uuid4().hex}"))["choices"][0]
-    await _complete(c, prompt, salt)  # cached: the turns below pin these pages
+    expected = (await greedy_turn(c, prompt, f"cold-{uuid.uuid4().hex}"))["choices"][0]
+    await greedy_turn(c, prompt, salt)  # cached: the turns below pin these pages
 
-    served = asyncio.gather(*(_complete(c, prompt, salt) for _ in range(9)))
+    served = asyncio.gather(*(greedy_turn(c, prompt, salt) for _ in range(9)))
     moves = []
     while not served.done():  # move the conversation again and again while it is served
         moves.append(await _send_down(c, salt, "nas"))

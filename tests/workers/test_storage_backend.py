@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.worker import GREEDY, MODEL, tiered_tiny_engine, worker_app
+from tests.support.worker import cached_by_tier, greedy_turn, tiered_tiny_engine, worker_app
 from workers.engine.api import GenerateRequest, SamplingParams
 from workers.engine.engine import TorchEngine
 
@@ -41,17 +41,6 @@ async def client(engine: TorchEngine, smollm2_gguf: Path) -> AsyncIterator[httpx
     assert engine.attach_tiers(True)
 
 
-async def _complete(c: httpx.AsyncClient, prompt: list[int], salt: str) -> dict[str, Any]:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": salt, **GREEDY}
-    reply = await c.post("/v1/completions", json=body)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
-def _by_tier(answer: dict[str, Any]) -> dict[str, int]:
-    return answer["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]
-
-
 async def _flush(c: httpx.AsyncClient) -> None:
     assert (await c.post("/flush_cache")).status_code == 200
 
@@ -61,15 +50,15 @@ async def test_detached_tiers_neither_take_nor_give_pages_and_attached_they_do_a
 ) -> None:
     c, salt = client, f"s-{uuid.uuid4().hex}"
     kept, unseen = list(range(3000, 3100)), list(range(6000, 6100))  # 6 full pages each
-    first = await _complete(c, kept, salt)  # attached: its pages go down (write-through)
+    first = await greedy_turn(c, kept, salt)  # attached: its pages go down (write-through)
 
     reply = await c.delete(ROUTE)
     assert reply.status_code == 200, reply.text
     assert reply.json() == {"hicache_storage_backend": None, "configured": "kvgate"}
     assert (await c.get(ROUTE)).json()["hicache_storage_backend"] is None
-    await _complete(c, unseen, salt)  # detached: its pages stay on the device alone
+    await greedy_turn(c, unseen, salt)  # detached: its pages stay on the device alone
     await _flush(c)
-    recomputed = await _complete(c, kept, salt)
+    recomputed = await greedy_turn(c, kept, salt)
     assert recomputed["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert recomputed["choices"][0]["text"] == first["choices"][0]["text"]
 
@@ -77,10 +66,12 @@ async def test_detached_tiers_neither_take_nor_give_pages_and_attached_they_do_a
     assert reply.status_code == 200, reply.text
     assert reply.json() == {"hicache_storage_backend": "kvgate", "configured": "kvgate"}
     await _flush(c)
-    restored = await _complete(c, kept, salt)
-    assert _by_tier(restored)["host"] == 6 * PAGE, "what the tiers held before is served again"
+    restored = await greedy_turn(c, kept, salt)
+    assert cached_by_tier(restored)["host"] == 6 * PAGE, (
+        "what the tiers held before is served again"
+    )
     assert restored["choices"][0]["text"] == first["choices"][0]["text"]
-    never_offered = await _complete(c, unseen, salt)
+    never_offered = await greedy_turn(c, unseen, salt)
     assert never_offered["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
