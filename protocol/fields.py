@@ -9,3 +9,8 @@ SESSION_HEADER = "x-session-id"
 
 #: Header carrying the request id end to end.
 REQUEST_ID_HEADER = "x-request-id"
+
+#: Where a worker's tiers are attached and detached at runtime (SGLang's path for its
+#: storage backend), and the name the built-in worker gives its own tiers there.
+STORAGE_BACKEND_PATH = "/hicache/storage-backend"
+TIERS_BACKEND = "kvgate"

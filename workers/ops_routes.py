@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from protocol.fields import STORAGE_BACKEND_PATH, TIERS_BACKEND
 from protocol.openai_errors import error_body
 from protocol.openai_requests import parse_body
 from tiering.cold_storage import ColdStorageUnavailable
@@ -49,13 +50,10 @@ class ColdStorageRequest(BaseModel):
     tier: Literal["nas", "object"]
 
 
-#: the name ``/hicache/storage-backend`` gives this worker's tiers (host RAM, NAS, object
-#: store, ledger: whichever it was started with; there is no other backend to switch to)
-TIERS_BACKEND = "kvgate"
-
-
 class StorageBackendRequest(BaseModel):
-    """Body of ``PUT /hicache/storage-backend``, as SGLang takes it (its backend's name)."""
+    """Body of ``PUT /hicache/storage-backend``, as SGLang takes it (its backend's name).
+    The worker's tiers (host RAM, NAS, object store, ledger: whichever it was started with)
+    are its only backend, :data:`~protocol.fields.TIERS_BACKEND`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -189,5 +187,5 @@ def ops_routes(ctx: WorkerContext) -> list[Route]:
         Route("/abort_request", abort_request, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST"]),
         Route("/cold_storage", cold_storage, methods=["POST"]),
-        Route("/hicache/storage-backend", storage_backend, methods=["GET", "PUT", "DELETE"]),
+        Route(STORAGE_BACKEND_PATH, storage_backend, methods=["GET", "PUT", "DELETE"]),
     ]

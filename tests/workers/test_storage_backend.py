@@ -79,7 +79,8 @@ async def test_the_tiers_stay_as_they_are_while_a_request_runs(engine: TorchEngi
     request = GenerateRequest(
         rid=f"busy-{uuid.uuid4().hex}",
         input_ids=tuple(range(100, 140)),
-        sampling=SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True),
+        # long enough that it still runs when the test asks (the tiny model decodes fast)
+        sampling=SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True),
     )
     stream = engine.generate(request)
     await anext(stream)  # running now

@@ -38,6 +38,7 @@ from kvgate.bench.multiturn import stack
 from kvgate.bench.multiturn.driver import Plan, Result, Target, run
 from kvgate.bench.multiturn.metrics import Summary, summarize
 from kvgate.bench.multiturn.workload import Conversation
+from protocol.fields import STORAGE_BACKEND_PATH, TIERS_BACKEND
 from protocol.metric_names import TIER_WRITE_QUEUE
 
 #: per request of a wave, tokens beyond its words: the chat template's role markers, the
@@ -49,10 +50,6 @@ DRAIN_TIMEOUT_S = 300.0
 #: counted against tiering, so a coarser poll would add up to its interval to every wave
 #: (waits measured 0.027-0.034 s a wave with this poll, 0.024-0.033 s with 0.02 s)
 DRAIN_POLL_S = 0.002
-
-
-#: what ``PUT /hicache/storage-backend`` names: the worker's own tiers
-BACKEND = {"hicache_storage_backend": "kvgate"}
 
 
 @dataclass(frozen=True)
@@ -120,37 +117,31 @@ async def _set_up(side: Side) -> None:
     """Empty the worker's L1 (nothing offloaded), then attach or detach its tiers."""
     async with httpx.AsyncClient(base_url=side.url, timeout=60.0) as client:
         (await client.post("/flush_cache")).raise_for_status()
-        route = "/hicache/storage-backend"
-        switched = await (client.put(route, json=BACKEND) if side.tiered else client.delete(route))
+        route, attach = STORAGE_BACKEND_PATH, {"hicache_storage_backend": TIERS_BACKEND}
+        switched = await (client.put(route, json=attach) if side.tiered else client.delete(route))
         switched.raise_for_status()
         if (switched.json()["hicache_storage_backend"] is not None) != side.tiered:
             raise RuntimeError(f"{side.url}: the tiers did not switch: {switched.text}")
 
 
-async def _wave(side: Side, w: int, convs: list[Conversation]) -> tuple[list[Result], float]:
-    """Wave ``w``'s results and the seconds it then waited for the write-behind to empty.
+async def _wave(side: Side, w: int, convs: list[Conversation]) -> tuple[list[Result], float, float]:
+    """Wave ``w`` on ``side`` (its L1 emptied and its tiers switched first): its results,
+    the seconds it then waited for the write-behind to empty, and its seconds in all.
 
     Each side's wave is a cache namespace of its own: both sides play the same conversations
     on one worker, and their shared system prompt must not come back from the tiers an
     earlier wave filled (requests of one wave share it in L1, on both sides alike)."""
+    await _set_up(side)
+    start = time.perf_counter()
     clients = len(convs)
     plan = Plan(clients=clients, active=clients, warmup=clients if w == 0 else 0)
     target = Target(side.url, cache_salt=f"noreuse-{side.label}-{w}")
     results = await run(target, convs, plan, progress=False)
-    if not side.tiered:
-        return results, 0.0
-    start = time.perf_counter()
-    await drained(side.url)
-    return results, time.perf_counter() - start
-
-
-async def _timed_wave(
-    side: Side, w: int, convs: list[Conversation]
-) -> tuple[list[Result], float, float]:
-    """:func:`_wave`, and its seconds from the first request to the write-behind emptied."""
-    await _set_up(side)
-    start = time.perf_counter()
-    results, drain = await _wave(side, w, convs)
+    drain = 0.0
+    if side.tiered:
+        drain_start = time.perf_counter()
+        await drained(side.url)
+        drain = time.perf_counter() - drain_start
     return results, drain, time.perf_counter() - start
 
 
@@ -164,7 +155,7 @@ def play(sides: tuple[Side, Side], convs: Sequence[Conversation], clients: int) 
     seconds: dict[str, list[float]] = {s.label: [] for s in sides}
     drains: dict[str, list[float]] = {s.label: [] for s in sides}
     for w, side in order(len(cut), sides):
-        played, drain, took = asyncio.run(_timed_wave(side, w, cut[w]))
+        played, drain, took = asyncio.run(_wave(side, w, cut[w]))
         results[side.label] += played
         seconds[side.label].append(took)
         drains[side.label].append(drain)
