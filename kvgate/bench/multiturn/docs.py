@@ -306,6 +306,7 @@ def _physics(phys: dict[str, Any], kv: int, served: str) -> list[str]:
         lines.append(
             f"- Effective restore bandwidth from `{tier}` (extra TTFT over resident): {rates}."
         )
+    lines += _floor_lines(phys.get("floors"))
     lines += [
         "",
         f"Prediction for an RTX 4090 (assumed: {RTX4090_FLOPS / 1e12:.0f} TFLOPS dense FP16 at "
@@ -321,4 +322,29 @@ def _physics(phys: dict[str, Any], kv: int, served: str) -> list[str]:
             f"| {row['restore_s_25 GbE']:.3f} | {row['speedup_25 GbE']:.1f}x "
             f"| {row['restore_s_100 GbE']:.3f} | {row['speedup_100 GbE']:.1f}x |"
         )
+    return lines
+
+
+def _floor_lines(floors: dict[str, Any] | None) -> list[str]:
+    """The machine's floors (:mod:`~kvgate.bench.multiturn.floors`), where the run has them."""
+    if not floors:
+        return []
+    size = f"{floors['history_bytes'] / 1e6:.0f} MB"
+    lines = [
+        f"- One copy of the restore turn's {size} of KV in memory runs at "
+        f"{fmt_rate(floors['memory_copy_bytes_per_s'])} here: no restore from host RAM or "
+        "the NAS's page cache into the pool can be faster."
+    ]
+    if "object_get_bytes_per_s" in floors:
+        lines.append(
+            f"- One GET of those {size} stored as a single object runs at "
+            f"{fmt_rate(floors['object_get_bytes_per_s'])} through the object tier's client "
+            "(signed GET, checksum): what storing every page of a history in one object would "
+            "give with this client, against a GET per page."
+        )
+    lines.append(
+        f"- Writing one {floors['page_bytes'] / 1024:.0f} KiB page as a NAS file (temporary, "
+        f"write, fsync as configured, rename) costs {floors['nas_page_write_cpu_s'] * 1e3:.2f} "
+        "ms of CPU here, before any bookkeeping."
+    )
     return lines

@@ -79,6 +79,38 @@ def resident_of(samples: dict[str, dict], source: str) -> dict:
     return samples.get(f"resident_{source}", samples["resident"])
 
 
+#: per restore figure: the rate of :mod:`~kvgate.bench.multiturn.floors` its tier is set
+#: against, the suffix of the figure that rate gives, and what the rate is of
+RESTORE_REFERENCES = {
+    "nas": ("memory_copy_bytes_per_s", "floor", "one copy of them in memory"),
+    "object": (
+        "object_get_bytes_per_s",
+        "single_get",
+        "one GET of them as a single object, through the object tier's client,",
+    ),
+}
+
+
+def restore_reference(d: dict, tier: str) -> float:
+    """The ``<tier>``-vs-resident TTFT ratio of a restore that did nothing but move its bytes
+    once at the reference rate: one copy in memory for the NAS (a floor: its page cache is
+    memory too), one GET of a single object for the store (what grouping every page into
+    one object would give with this client)."""
+    samples = d["restore"][str(RESTORE_HISTORY)]
+    resident = resident_of(samples, tier)["ttft"]
+    moved = samples[tier]["cached_by_tier"][tier] * d["kv_bytes_per_token"]
+    return 1 + moved / d["floors"][RESTORE_REFERENCES[tier][0]] / resident
+
+
+def _write_share(d: dict) -> float:
+    """The share of the tiered no-reuse waves' time that writing their pages to the NAS
+    takes by itself: pages of the prompts and answers x the writer's CPU per page."""
+    on = d["no_reuse"]["on"]
+    tokens = on["prompt_tokens"] + on["output_tps"] * on["seconds"]
+    pages = tokens * d["kv_bytes_per_token"] / d["floors"]["page_bytes"]
+    return pages * d["floors"]["nas_page_write_cpu_s"] / on["seconds"]
+
+
 def _workload_figures(c: dict[str, dict], prefix: str) -> dict[str, Callable[[], float]]:
     """Efficiency of each tier against ``infinite``, speedup against ``recompute``."""
     out: dict[str, Callable[[], float]] = {}
@@ -107,6 +139,9 @@ def figures(d: dict) -> dict[str, float | None]:
         "nas_vs_resident_ttft": lambda: _restore(d, "nas"),
         "object_vs_resident_ttft": lambda: _restore(d, "object"),
         "no_reuse_overhead": lambda: _no_reuse_overhead(d),
+        "nas_vs_resident_ttft_floor": lambda: restore_reference(d, "nas"),
+        "object_vs_resident_ttft_single_get": lambda: restore_reference(d, "object"),
+        "no_reuse_write_cpu_share": lambda: _write_share(d),
         "cross_worker_cached_ratio": lambda: configs_of(d, "chat")["gateway_shared"][
             "followup_cached_ratio"
         ],
@@ -155,9 +190,18 @@ def restore_shortfall(data: dict, key: str) -> str:
     moved = samples[tier]["cached_by_tier"].get(tier, 0) * data["kv_bytes_per_token"]
     allowed = (bound - 1) * resident
     got = moved / max(samples[tier]["ttft"] - resident, 1e-9)
+    rate_key, suffix, what = RESTORE_REFERENCES[tier]
+    reference = data["figures"].get(f"{key}_{suffix}")
+    rate = data.get("floors", {}).get(rate_key)
+    at_best = (
+        f"; {what} runs at {fmt_rate(rate)} here: a restore doing nothing else would read "
+        f"{reference:.2f}"
+        if reference is not None and rate
+        else ""
+    )
     return (
         f"{moved / 1e6:.0f} MB of KV had {allowed:.3f} s over the resident turn, "
-        f"{fmt_rate(moved / allowed)}; `{tier}` delivered {fmt_rate(got)}"
+        f"{fmt_rate(moved / allowed)}; `{tier}` delivered {fmt_rate(got)}{at_best}"
     )
 
 
@@ -168,10 +212,29 @@ def no_reuse_shortfall(data: dict) -> str:
     waves = ", ".join(f"{1 - f / n:+.1%}" for n, f in zip(on, off, strict=True))
     cpus = data.get("machine", {}).get("cpus")
     where = f"this machine's {cpus} cores" if cpus else "the machine's cores"
+    share = data["figures"].get("no_reuse_write_cpu_share")
+    cpu = data.get("floors", {}).get("nas_page_write_cpu_s")
+    writes = (
+        f"; writing a page's file alone costs {cpu * 1e3:.2f} ms of CPU here, "
+        f"{share:.1%} of the tiered waves' time"
+        if share is not None and cpu
+        else ""
+    )
     return (
         f"the measured waves cost {waves} with tiering on; keying, copying and writing every "
         f"request's pages runs on threads that take {where} from the engine's OpenMP team, "
-        "which waits for a preempted thread at each of a step's parallel regions"
+        f"which waits for a preempted thread at each of a step's parallel regions{writes}"
+    )
+
+
+def docqa_shortfall(data: dict) -> str:
+    """Why ``docqa_speedup_rps`` missed: what the ideal itself gives over recomputing."""
+    bound = data["figures"].get("docqa_speedup_bound")
+    if bound is None:
+        return ""
+    return (
+        f"`infinite`, the ideal, serves {bound:.2f}x recompute's requests/s on this machine and "
+        "workload (`docqa_speedup_bound`): the speedup no cache can pass here"
     )
 
 
@@ -181,6 +244,8 @@ def shortfall(data: dict, key: str) -> str:
         return restore_shortfall(data, key)
     if key == "no_reuse_overhead":
         return no_reuse_shortfall(data)
+    if key == "docqa_speedup_rps":
+        return docqa_shortfall(data)
     return ""
 
 
@@ -216,6 +281,8 @@ def physics(data: dict) -> dict[str, Any]:
         rate = max(prefill.values())
         # fetching beats recomputing when the link moves a token's KV faster than prefill makes it
         out["break_even_bytes_per_s"] = rate * kv
+    if "memory_copy_bytes_per_s" in data.get("floors", {}):
+        out["floors"] = data["floors"]
     out["rtx4090_prediction"] = predict_4090()
     return out
 

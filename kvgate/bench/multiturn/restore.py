@@ -56,6 +56,8 @@ POOL_SLACK_TOKENS = 400
 #: restores from S3 took 1.07-1.30 s and 0.46-0.98 s against 0.33-0.46 s for the third
 #: (first-touch memory, new connections), so a median of three could still be a cold one.
 REPEATS = 5
+#: tokens per page of the restore workers
+PAGE_TOKENS = 16
 DRAIN_TIMEOUT_S = 300.0
 
 
@@ -108,7 +110,7 @@ async def _ask(url: str, messages: list[dict[str, str]]) -> Sample:
 
 def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, log_dir: Path, repeats: Repeats) -> dict[str, Sample]:  # fmt: skip
     """The samples of each source in :data:`SOURCES` for a history of ``length`` tokens."""
-    page = 16
+    page = PAGE_TOKENS
     pool_tokens = -(-(length + POOL_SLACK_TOKENS) // page) * page
     site = stack.new_site(
         svc,

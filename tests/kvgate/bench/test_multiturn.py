@@ -34,7 +34,7 @@ from kvgate.bench.multiturn.workload import (
     words,
 )
 from protocol.registry import WorkerInfo
-from tests.support.bench import tiny_site
+from tests.support.bench import recorded_run, tiny_site
 from workers.engine.tokenizer import load_tokenizer
 
 SMALL = Shape(
@@ -186,47 +186,8 @@ def test_summary_leaves_out_warmup_and_counts_errors() -> None:
     assert results[1].tpot == pytest.approx(0.2)
 
 
-def _figures(**overrides: object) -> dict:
-    config = summarize([]).as_dict() | {"rps": 1.0, "ttft_p50": 1.0, "followup_cached_ratio": 0.9}
-    sample = {"ttft": 1.0, "prompt_tokens": 4100, "cached_tokens": 4096, "cached_by_tier": {}}
-    chat = {
-        "infinite": {**config, "rps": 1.05, "ttft_p50": 0.9},
-        "recompute": {**config, "rps": 0.1, "ttft_p50": 8.0},
-        "host": config,
-        "nas": config,
-        "object": {**config, "rps": 0.95},
-        "gateway_shared": {**config, "followup_cached_ratio": 0.95},
-    }
-    docqa = {
-        "infinite": {**config, "rps": 2.0},
-        "recompute": {**config, "rps": 0.1},
-        "nas": {**config, "rps": 1.9},
-    }
-    data = {
-        "run": "quick",
-        "seconds": 800.0,
-        "kv_bytes_per_token": 46080,
-        "workloads": {"chat": {"configs": chat}, "docqa": {"configs": docqa}},
-        "no_reuse": {
-            "on": {"rps": 0.99, "wave_seconds": [60.0, 10.0, 20.0, 30.0]},
-            "off": {"rps": 1.0, "wave_seconds": [50.0, 9.95, 19.9, 29.85]},
-        },
-        "restore": {
-            "4000": {
-                "resident": {**sample, "ttft": 0.2},
-                "host": {**sample, "ttft": 0.2, "cached_by_tier": {"host": 4096}},
-                "nas": {**sample, "ttft": 0.21, "cached_by_tier": {"nas": 4096}},
-                "object": {**sample, "ttft": 0.9, "cached_by_tier": {"object": 4096}},
-                "recompute": {**sample, "ttft": 8.2, "cached_tokens": 0},
-            }
-        },
-    }
-    data.update(overrides)
-    return data
-
-
 def test_verdicts_compute_each_target_figure_from_the_run() -> None:
-    data = _figures()
+    data = recorded_run()
     v = verdicts(data)
     assert set(v) == {
         "efficiency_rps_nas", "efficiency_ttft_nas", "efficiency_rps_object", "speedup_share",
@@ -250,7 +211,7 @@ def test_verdicts_compute_each_target_figure_from_the_run() -> None:
     assert f["efficiency_rps_host"] == pytest.approx(1 / 1.05)
     assert f["docqa_ttft_speedup_p50"] == pytest.approx(1.0)
     # the full run aims higher
-    full = verdicts(_figures(run="full"))
+    full = verdicts(recorded_run(run="full"))
     assert full["efficiency_rps_nas"]["target"] == ">= 0.95"
     assert full["docqa_speedup_rps"]["met"] is False
 
@@ -261,7 +222,7 @@ def test_no_reuse_overhead_is_the_median_of_paired_waves_not_moved_by_one_stall(
         "on": {"wave_seconds": [99.0, 10.0, 10.0, 10.0, 10.0, 10.0]},
         "off": {"wave_seconds": [1.0, 9.95, 25.0, 9.9, 9.95, 9.7]},
     }
-    v = verdicts(_figures(no_reuse=pair))["no_reuse_overhead"]
+    v = verdicts(recorded_run(no_reuse=pair))["no_reuse_overhead"]
     assert v["value"] == pytest.approx(0.005)  # the median of 0.005, -1.5, 0.01, 0.005, 0.03
     assert v["met"] is True
     lines = findings({"spec": {}, "no_reuse": pair})
@@ -273,7 +234,7 @@ def test_no_reuse_overhead_is_the_median_of_paired_waves_not_moved_by_one_stall(
 
 
 def test_a_missed_restore_figure_names_the_bandwidth_it_needed_and_the_one_measured() -> None:
-    data = _figures(spec={})
+    data = recorded_run(spec={})
     data["targets"] = verdicts(data)
     (line,) = [x for x in findings(data) if "object_vs_resident_ttft" in x]
     # 4096 tokens x 46080 B = 189 MB; <= 1.4 allows 0.4 x 0.2 s; it took 0.9 - 0.2 s
@@ -288,7 +249,7 @@ def test_a_missed_no_reuse_figure_lists_each_waves_cost_and_where_it_goes() -> N
         "on": {"wave_seconds": [40.0, 10.5, 20.0, 31.5]},
         "off": {"wave_seconds": [39.0, 10.0, 20.2, 30.0]},
     }
-    data = _figures(spec={}, no_reuse=pair, machine={"cpus": 2})
+    data = recorded_run(spec={}, no_reuse=pair, machine={"cpus": 2})
     data["targets"] = verdicts(data)
     (line,) = [x for x in findings(data) if "`no_reuse_overhead`" in x]
     assert line.startswith(
@@ -299,7 +260,7 @@ def test_a_missed_no_reuse_figure_lists_each_waves_cost_and_where_it_goes() -> N
 
 
 def test_a_figure_that_was_not_measured_is_missed_with_a_reason() -> None:
-    v = verdicts(_figures(workloads={}))
+    v = verdicts(recorded_run(workloads={}))
     assert v["efficiency_rps_nas"]["value"] is None
     assert v["efficiency_rps_nas"]["met"] is False
     assert "not measured" in v["efficiency_rps_nas"]["why"]
@@ -307,7 +268,7 @@ def test_a_figure_that_was_not_measured_is_missed_with_a_reason() -> None:
 
 
 def test_physics_and_table_come_from_the_samples() -> None:
-    data = _figures()
+    data = recorded_run()
     phys = physics(data)
     assert phys["prefill_tokens_per_s"]["4000"] == pytest.approx(4100 / 8.2)
     assert phys["restore_bytes_per_s"]["nas"]["4000"] == pytest.approx(4096 * 46080 / 0.01)
@@ -458,7 +419,7 @@ def test_quick_spec_plays_both_named_workloads_and_the_4k_restore() -> None:
 
 
 def _run_data() -> dict:
-    data = _figures()
+    data = recorded_run()
     for w in data["workloads"].values():
         w.update(conversations=13, clients=2, measured_turns=8, pool_tokens=5136,
                  working_set_tokens=20000, idle_tokens=16000, idle_over_pool=3.1,
