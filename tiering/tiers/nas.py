@@ -148,7 +148,7 @@ class NasTier:
                 view = buf[pos : pos + size]
                 pos += size
                 try:
-                    got = read_into(fd, [view])
+                    got = read_into(fd, [view], size)
                 except OSError as exc:
                     raise TierError(f"nas: cannot read {self._file(keys[i])}: {exc}") from exc
                 finally:
@@ -197,7 +197,7 @@ class NasTier:
                     continue  # another tier holds this page: REFUSED, the file untouched
                 out[j] = Landed.MISSING
                 try:
-                    if read_into(fd, [header, *views]) != size:
+                    if read_into(fd, [header, *views], size) != size:
                         raise CorruptBlock(f"{path} is shorter than a block of this layout")
                     check.verify(header, views, key)
                     out[j] = Landed.LANDED

@@ -44,19 +44,20 @@ def open_block(path: str) -> tuple[int, int] | None:
         raise TierError(f"nas: cannot stat {path}: {exc}") from exc
 
 
-def read_into(fd: int, views: Sequence[memoryview]) -> int:
-    """Fill ``views`` in order from ``fd``; the bytes read (fewer only at an early end)."""
-    got = part = offset = 0  # read so far; the view being filled, and how far into it
-    while part < len(views):
-        # short reads (NFS, signals): continue where it stopped
-        n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
-        if n == 0:
-            break
-        got += n
+def read_into(fd: int, views: Sequence[memoryview], size: int) -> int:
+    """Fill ``views`` (``size`` bytes in all) in order from ``fd``; the bytes read (fewer
+    only at an early end). A local file fills them in one call; only a short read walks
+    the views (a restore into a CPU pool gives a page 30 or more) to go on where it
+    stopped."""
+    got = n = os.readv(fd, views)
+    part = offset = 0  # the view being filled, and how far into it
+    while n and got < size:  # a short read (NFS, signals): go on where it stopped
         offset += n
-        while part < len(views) and offset >= views[part].nbytes:
+        while offset >= views[part].nbytes:
             offset -= views[part].nbytes
             part += 1
+        n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
+        got += n
     return got
 
 

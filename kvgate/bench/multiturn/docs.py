@@ -12,9 +12,9 @@ from kvgate.bench.multiturn.report import (
     configs_of,
     fmt_rate,
     markdown_table,
-    shortfall,
     workload_names,
 )
+from kvgate.bench.multiturn.shortfalls import shortfall
 
 
 def write_docs(data: dict[str, Any], path: Path, gpu: dict[str, Any] | None = None) -> None:

@@ -33,9 +33,14 @@ from typing import Any
 
 import numpy as np
 
+from kvgate.bench.multiturn import stack
+from kvgate.bench.multiturn.report import RESTORE_HISTORY
+from kvgate.bench.multiturn.restore import PAGE_TOKENS
+from kvgate.settings import load_settings
 from kvgate.stack.seaweed import S3Endpoint
 from tiering.codec import encode_header, make_block
 from tiering.keys import Namespace
+from tiering.tiers.base import TierError
 from tiering.tiers.nas_files import block_file, write_block_file
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
@@ -146,3 +151,23 @@ def measure(
     if s3 is not None:
         out["object_get_bytes_per_s"] = object_get_rate(s3, bucket, history_bytes)
     return out
+
+
+def for_restore(svc: stack.Services, kv: int, restore: dict[str, Any]) -> dict[str, Any]:
+    """The floors for a run's restore turn: a history of as many bytes as its NAS restore
+    moved (``kv`` bytes a token), pages of the restore workers' size, written where the
+    run's NAS directories are, with the NAS's fsync setting. A floor that cannot be measured
+    is reported as such (``{"error": ...}``), not raised: the figures stand without it."""
+    nas = restore.get(str(RESTORE_HISTORY), {}).get("nas", {})
+    tokens = nas.get("cached_tokens") or RESTORE_HISTORY
+    try:
+        return measure(
+            history_bytes=tokens * kv,
+            page_bytes=PAGE_TOKENS * kv,
+            nas_folder=svc.root,
+            fsync=load_settings().tier_nas_fsync,
+            s3=svc.s3,
+            bucket=stack.BUCKET,
+        )
+    except (OSError, RuntimeError, TierError) as exc:
+        return {"error": f"the floors were not measured: {exc}"}

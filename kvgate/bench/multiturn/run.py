@@ -35,18 +35,9 @@ from kvgate.bench.multiturn.environment import (
     served_model,
 )
 from kvgate.bench.multiturn.noreuse import play_pair, wave_count
-from kvgate.bench.multiturn.report import (
-    RESTORE_HISTORY,
-    figures,
-    markdown_table,
-    physics,
-    plots,
-    verdicts,
-)
+from kvgate.bench.multiturn.report import figures, markdown_table, physics, plots, verdicts
 from kvgate.bench.multiturn.workload import WORKLOADS, conversations
 from kvgate.bench.output import source_commit
-from kvgate.settings import load_settings
-from tiering.tiers.base import TierError
 
 
 @dataclass(frozen=True)
@@ -342,7 +333,9 @@ def _restore_and_no_reuse(
         click.echo(f"restore failed: {exc}", err=True)
         restore = {}
     data["restore"] = {str(n): v for n, v in restore.items()}
-    data["floors"] = _floors(svc, kv, data["restore"])
+    data["floors"] = floors.for_restore(svc, kv, data["restore"])
+    if "error" in data["floors"]:
+        data["failures"]["floors"] = data["floors"]["error"]
     data["phase_seconds"]["restore"] = time.perf_counter() - start
     if not spec.no_reuse_requests:
         data["no_reuse"] = {}
@@ -354,25 +347,6 @@ def _restore_and_no_reuse(
     if failure:
         data["failures"]["no_reuse"] = failure
     data["phase_seconds"]["no_reuse"] = time.perf_counter() - start
-
-
-def _floors(svc: bench_stack.Services, kv: int, restore: dict[str, Any]) -> dict[str, Any]:
-    """This machine's floors (:mod:`~kvgate.bench.multiturn.floors`) for the restore turn's
-    history, as many bytes as its NAS restore moved."""
-    nas = restore.get(str(RESTORE_HISTORY), {}).get("nas", {})
-    tokens = nas.get("cached_tokens") or RESTORE_HISTORY
-    try:
-        return floors.measure(
-            history_bytes=tokens * kv,
-            page_bytes=restore_pair.PAGE_TOKENS * kv,
-            nas_folder=svc.root,
-            fsync=load_settings().tier_nas_fsync,
-            s3=svc.s3,
-            bucket=bench_stack.BUCKET,
-        )
-    except (OSError, RuntimeError, TierError) as exc:
-        click.echo(f"floors not measured: {exc}", err=True)
-        return {"error": str(exc)}
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from kvgate.bench.multiturn import floors
+from kvgate.bench.multiturn import floors, stack
 from kvgate.bench.multiturn.docs import _floor_lines, findings
 from kvgate.bench.multiturn.report import physics, verdicts
 from kvgate.stack.seaweed import S3Endpoint
@@ -116,3 +116,9 @@ def test_the_physics_section_states_the_floors() -> None:
     assert "One copy of the restore turn's 189 MB of KV in memory runs at 3.77 GB/s" in text
     assert "One GET of those 189 MB stored as a single object runs at 1.89 GB/s" in text
     assert "Writing one 720 KiB page as a NAS file" in text and "costs 1.00 ms of CPU" in text
+
+
+def test_a_floor_that_cannot_be_measured_is_reported_not_raised(tmp_path) -> None:
+    svc = stack.Services(dsn="", s3=None, root=tmp_path / "gone")  # no such directory
+    got = floors.for_restore(svc, 46080, {})
+    assert got == {"error": got["error"]} and "the floors were not measured" in got["error"]

@@ -317,9 +317,9 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
     go, ended = threading.Event(), threading.Semaphore(0)
     read_into, land_run = nas_module.read_into, NasTier._land_run
 
-    def hanging_read(fd, views):  # type: ignore[no-untyped-def]
+    def hanging_read(fd, views, size):  # type: ignore[no-untyped-def]
         assert go.wait(30), "the test never let the read go on"
-        return read_into(fd, views)
+        return read_into(fd, views, size)
 
     def counted_run(self, *args, **kw):  # type: ignore[no-untyped-def]
         try:
