@@ -18,13 +18,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from protocol.tiers import TierName
 from workers.engine.api import FinishReason, GenerateRequest, TokenEvent, TokenLogprobs
-from workers.engine.batch import SeqChunk, build_batch
+from workers.engine.batch import build_batch
 from workers.engine.held_back import HeldBackWait
 from workers.engine.kv_pool import KVPool
 from workers.engine.logprobs import StepLogprobs
@@ -32,30 +31,10 @@ from workers.engine.model import LlamaModel
 from workers.engine.offload import KVOffload
 from workers.engine.radix import PrefixHandle, RadixCache
 from workers.engine.sampling import RequestSampler, sample
+from workers.engine.scheduled import Scheduled, plan_step
 from workers.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    rid: str
-    namespace: str
-    tokens: list[int]  # prompt, then generated tokens
-    prompt_len: int
-    sampler: RequestSampler
-    seq: int  # admission order; the youngest is preempted first
-    pages: list[int] = field(default_factory=list)
-    shared: int = 0  # pages[:shared] belong to the radix cache (pinned through ``prefix``)
-    prefix: PrefixHandle | None = None
-    computed: int = 0  # tokens whose KV is in ``pages``
-    cached_tokens: int = 0
-    cached_by_tier: dict[str, int] = field(default_factory=dict)
-    admitted_once: bool = False
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - self.prompt_len
 
 
 class Scheduler:
@@ -84,8 +63,8 @@ class Scheduler:
         self.context_length = context_length
         self.eos_token_ids = tuple(eos_token_ids)
         self.page_size = pool.page_size
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
+        self.waiting: deque[Scheduled] = deque()
+        self.running: list[Scheduled] = []
         self.stats = EngineStats()
         self._seq = 0
         self._held_back = HeldBackWait(pool)
@@ -93,7 +72,7 @@ class Scheduler:
     # --- requests in and out --------------------------------------------------------------------
     def add(self, request: GenerateRequest, sampler: RequestSampler) -> None:
         """Queue a request (validated by the engine, which built its ``sampler``)."""
-        req = _Request(
+        req = Scheduled(
             rid=request.rid,
             namespace=request.cache_salt,
             tokens=list(request.input_ids),
@@ -108,13 +87,13 @@ class Scheduler:
             self._fetch_early(req)
         self.waiting.append(req)
 
-    def _admissible(self, req: _Request) -> bool:
+    def _admissible(self, req: Scheduled) -> bool:
         """Whether ``req`` would be admitted at the next step (nobody ahead, room for it)."""
         need = self._pages_for(len(req.tokens)) + len(self.running)
         room = self.pool.free_pages + self.cache.evictable_pages
         return not self.waiting and len(self.running) < self.max_batch and need <= room
 
-    def _fetch_early(self, req: _Request) -> None:
+    def _fetch_early(self, req: Scheduled) -> None:
         """Start fetching from the lower tiers what L1 lacks of ``req``'s prompt, so that
         its wait in the queue hides the read (its admission then lands those pages)."""
         reusable = (len(req.tokens) - 1) // self.page_size
@@ -152,7 +131,7 @@ class Scheduler:
 
     def _emit(
         self,
-        req: _Request,
+        req: Scheduled,
         new: list[int],
         reason: FinishReason | None,
         logprobs: list[TokenLogprobs] | None = None,
@@ -182,7 +161,7 @@ class Scheduler:
             self.cache.evict(short)
         return self.pool.free_pages >= n
 
-    def _release(self, req: _Request, *, cache: bool) -> None:
+    def _release(self, req: Scheduled, *, cache: bool) -> None:
         """Give back ``req``'s pages: cache its full computed pages or free them all."""
         own = req.pages[req.shared :]
         if cache:
@@ -248,7 +227,7 @@ class Scheduler:
             req.seq = self._seq
             self.running.append(req)
 
-    def _touch(self, req: _Request, n_pages: int) -> None:
+    def _touch(self, req: Scheduled, n_pages: int) -> None:
         """Tell the lower tiers ``req`` used its first ``n_pages`` pages from L1."""
         try:
             self.offload.touch(req.namespace, req.tokens, n_pages)
@@ -256,7 +235,7 @@ class Scheduler:
             # A failing lower tier costs the pages' recency there, never the request.
             log.exception("noting an L1 hit in the lower tiers failed")
 
-    def _load_lower(self, req: _Request, reusable: int) -> list[str] | None:
+    def _load_lower(self, req: Scheduled, reusable: int) -> list[str] | None:
         """Fill pages after the device match from the lower tiers; returns their tiers, or
         None when the request went back to wait (no page to replace a held-back one)."""
         start = req.shared
@@ -295,7 +274,7 @@ class Scheduler:
         self._share(req, node, start + n)
         return list(restored.tiers)
 
-    def _share(self, req: _Request, node: PrefixHandle, n_pages: int) -> None:
+    def _share(self, req: Scheduled, node: PrefixHandle, n_pages: int) -> None:
         """Record that ``req``'s first ``n_pages`` pages are now the cache's, pinned through
         ``node`` (the deepest of them) for as long as ``req`` holds them."""
         self.cache.lock(node)
@@ -303,7 +282,7 @@ class Scheduler:
             self.cache.unlock(req.prefix)
         req.prefix, req.shared = node, n_pages
 
-    def _cache_prompt(self, req: _Request) -> None:
+    def _cache_prompt(self, req: Scheduled) -> None:
         """Give the cache ``req``'s full prompt pages once prefilled, while it decodes: a
         request with the same prefix shares them now, and under write-through they go down
         the tiers behind the decode instead of all at once when ``req`` ends (where another
@@ -320,7 +299,7 @@ class Scheduler:
         self._share(req, node, n_full)
 
     # --- one step ---------------------------------------------------------------------------------
-    def _preempt_youngest(self) -> _Request:
+    def _preempt_youngest(self) -> Scheduled:
         victim = max(self.running, key=lambda r: r.seq)
         self.running.remove(victim)
         # its computed pages go to the radix cache: evictable at once for whoever needs the
@@ -357,28 +336,8 @@ class Scheduler:
         if not self.running:
             return False
         started = time.perf_counter()
-        chunks: list[SeqChunk] = []
-        reqs: list[_Request] = []
-        prefills: list[bool] = []  # per chunk: whether it is (the end of) a prefill
-        decoding = sum(1 for r in self.running if len(r.tokens) - r.computed == 1)
-        budget = max(self.token_budget - decoding, 0)
-        for req in self.running:
-            pending = len(req.tokens) - req.computed
-            n = 1 if pending == 1 else min(pending, budget)
-            if n <= 0:
-                continue
-            if pending > 1:
-                budget -= n
-            prefills.append(pending > 1)
-            chunks.append(
-                SeqChunk(
-                    req.tokens[req.computed : req.computed + n],
-                    req.computed,
-                    req.pages,
-                    n == pending,
-                )
-            )
-            reqs.append(req)
+        plan = plan_step(self.running, self.token_budget)
+        chunks, reqs = plan.chunks, plan.requests
         batch, order = build_batch(
             chunks, page_size=self.page_size, device=self.model.device, dtype=self.model.kv_dtype
         )
@@ -395,14 +354,14 @@ class Scheduler:
             if token is None:
                 self._drop_unsampleable(reqs[i])
             else:
-                self._accept(reqs[i], token, entry, prefilled=prefills[i])
+                self._accept(reqs[i], token, entry, prefilled=plan.prefills[i])
         self.stats.record_step([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.stats.evicted_pages = self.cache.evicted_pages
         return True
 
     def _accept(
         self,
-        req: _Request,
+        req: Scheduled,
         token: int,
         logprobs: TokenLogprobs | None = None,
         *,
@@ -422,7 +381,7 @@ class Scheduler:
             self._cache_prompt(req)
         self._emit(req, [token], reason, [logprobs] if logprobs else [])
 
-    def _drop_unsampleable(self, req: _Request) -> None:
+    def _drop_unsampleable(self, req: Scheduled) -> None:
         """End ``req`` alone with ``abort``: its logits left nothing to draw from (NaN or
         infinite, or every token masked). Its pages are freed, not cached: KV computed
         beside such logits is not to be trusted. The rest of the batch carries on."""
