@@ -221,8 +221,10 @@ def _size(
         compare.resize(sizes[wl])
     data["budget"] = {
         "budget_s": spec.budget_s,
+        # each phase once, so that their sum is the run's predicted length ("calibration":
+        # the seconds already spent, services' start included)
         "predicted_s": {
-            "fixed": fixed,
+            "calibration": data["phase_seconds"]["calibration"],
             "restore": restore_s,
             "no_reuse": no_reuse_s,
             **{

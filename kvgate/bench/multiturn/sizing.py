@@ -8,7 +8,7 @@ memory; what the pool cannot hold is the conversations waiting for their next tu
 enough conversations are primed that those add up to ``idle_over_pool`` times the pool.
 ``infinite`` gets a pool that holds every history the run will ever have.
 
-Work. :func:`calibrate` times two prefills and a decode batch on a worker of this machine;
+Work. :func:`calibrate` times three prefills and a decode batch on a worker of this machine;
 :class:`Rates` turns that into seconds for a request, so that ``--quick`` sizes its
 measured phases to a time budget (:func:`measured_requests`) instead of a guess: a faster
 machine plays more requests, a slower one fewer, and the run still ends in minutes.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import httpx
@@ -29,8 +31,11 @@ from kvgate.bench.multiturn.workload import Conversation, words
 #: template tokens per chat message (role markers, separators), an upper bound for SmolLM2
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 PAGE_TOKENS = 16
-#: prompt lengths of the calibration's two prefills (a line through both fits attention)
-CALIBRATION_PROMPTS = (384, 1536)
+#: prompt lengths of the calibration's prefills. Per-token prefill time is fitted as a line
+#: through them (attention's share grows with the prompt); the longest stands for docqa's
+#: 3-6k-token documents: a line through 384 and 1536 alone predicted a 4k-token prefill at
+#: 1.7 ms a token where it took 2.0, and a quick run planned to end in 770 s took 903.
+CALIBRATION_PROMPTS = (384, 1536, 4096)
 CALIBRATION_ANSWER = 16
 
 
@@ -114,7 +119,8 @@ class Rates:
 
 
 def calibrate(url: str, clients: int, worker_start_s: float, seed: int = 0) -> Rates:
-    """Time two cold prefills and ``clients`` concurrent decodes on the worker at ``url``."""
+    """Time cold prefills of each :data:`CALIBRATION_PROMPTS` length and ``clients``
+    concurrent decodes on the worker at ``url``."""
     return asyncio.run(_calibrate(url, clients, worker_start_s, seed))
 
 
@@ -133,16 +139,26 @@ async def _calibrate(url: str, clients: int, worker_start_s: float, seed: int) -
             return result
 
         await ask(32, 2)  # first-touch costs of a fresh process are not the machine's rate
-        short, long = [await ask(n, CALIBRATION_ANSWER) for n in CALIBRATION_PROMPTS]
+        prefills = [await ask(n, CALIBRATION_ANSWER) for n in CALIBRATION_PROMPTS]
         alone = await ask(16, CALIBRATION_ANSWER)
         batch = await asyncio.gather(*(ask(16, CALIBRATION_ANSWER) for _ in range(clients)))
-    (n1, t1), (n2, t2) = [(r.prompt_tokens - r.cached_tokens, r.ttft) for r in (short, long)]
-    # t = a n + b n^2 through both points (b >= 0: attention never makes tokens cheaper)
-    b = max(0.0, (t2 / n2 - t1 / n1) / (n2 - n1))
-    a = max(t1 / n1 - b * n1, 1e-6)
+    a, b = fit_prefill([(r.prompt_tokens - r.cached_tokens, r.ttft) for r in prefills])
+    long = prefills[-1]
     step = percentile([r.tpot for r in batch], 50)
     per_context = max(0.0, (long.tpot - alone.tpot) / (long.prompt_tokens - alone.prompt_tokens))
     return Rates(a, b, step, clients, worker_start_s, per_context)
+
+
+def fit_prefill(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """``(a, b)`` of ``t = a n + b n^2`` for ``(n tokens, t seconds)`` prefills of at least
+    two lengths: the least squares line through their per-token times ``t / n = a + b n``.
+    ``b >= 0`` (attention never makes tokens cheaper; the mean per-token time then) and
+    ``a > 0``."""
+    xs, ys = [n for n, _ in points], [t / n for n, t in points]
+    b, a = statistics.linear_regression(xs, ys)
+    if b < 0:
+        a, b = statistics.fmean(ys), 0.0
+    return max(a, 1e-6), b
 
 
 def measured_requests(budget_s: float, per_request_s: float, low: int, high: int) -> int:

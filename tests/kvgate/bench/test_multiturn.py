@@ -113,6 +113,20 @@ def test_a_budget_buys_the_turns_it_can_pay_for_within_bounds() -> None:
     assert sizing.measured_requests(1e6, 9.0, 2, 20) == 20
 
 
+def test_the_prefill_fit_recovers_its_model_and_weighs_the_long_prompt() -> None:
+    model = sizing.Rates(0.0016, 1e-7, 0.04, 1, 10.0)
+    a, b = sizing.fit_prefill([(n, model.prefill_s(n)) for n in sizing.CALIBRATION_PROMPTS])
+    assert (a, b) == (pytest.approx(0.0016), pytest.approx(1e-7))
+    # short prompts alike, the long one slower: a line through the first two alone (b = 0)
+    # would put a 5k-token prefill at 8 s; the fit through all three puts it past 9
+    points = [(384, 384 * 0.0016), (1536, 1536 * 0.0016), (4096, 4096 * 0.002)]
+    a, b = sizing.fit_prefill(points)
+    assert b > 0 and sizing.Rates(a, b, 0.04, 1, 10.0).prefill_s(5000) > 9.0
+    # per-token time that falls with length (noise) never makes tokens cheaper
+    mean = (0.8 / 384 + 6.0 / 4096) / 2
+    assert sizing.fit_prefill([(384, 0.8), (4096, 6.0)]) == (pytest.approx(mean), 0.0)
+
+
 def test_a_budget_buys_second_follow_ups_until_priming_fixes_the_pool(tmp_path: Path) -> None:
     """A budget with room plays a second follow-up of some conversations (the quick run
     had used half its budget at one each); once primed, the pool sized for that turn
