@@ -122,3 +122,25 @@ def test_a_floor_that_cannot_be_measured_is_reported_not_raised(tmp_path) -> Non
     svc = stack.Services(dsn="", s3=None, root=tmp_path / "gone")  # no such directory
     got = floors.for_restore(svc, 46080, {})
     assert got == {"error": got["error"]} and "the floors were not measured" in got["error"]
+
+
+def test_a_missed_chat_comparison_shows_its_timings_and_a_machine_that_moved() -> None:
+    data = recorded_run(spec={})
+    chat = data["workloads"]["chat"]["configs"]
+    chat["nas"] |= {"rps": 0.85, "ttft_p50": 1.2, "tpot_p50": 0.058}
+    chat["infinite"] |= {"tpot_p50": 0.054}
+    chat["recompute"] |= {"tpot_p50": 0.059}
+    data["targets"] = verdicts(data)
+    (line,) = [x for x in findings(data) if "`efficiency_rps_nas`" in x]
+    assert line == (
+        "- `efficiency_rps_nas` missed: 0.810 against >= 0.92 (`infinite` TTFT p50 0.90 s, "
+        "time per output token 0.054 s; `nas` TTFT p50 1.20 s, time per output token 0.058 s; "
+        "`recompute` TTFT p50 8.00 s, time per output token 0.059 s: `recompute` decoded 9% "
+        "slower than `infinite`, work the tiers never touch, so the machine's speed moved "
+        "between the configurations)."
+    )
+    chat["recompute"]["tpot_p50"] = 0.055  # decode held steady: no word about the machine
+    data.pop("figures")
+    data["targets"] = verdicts(data)
+    (line,) = [x for x in findings(data) if "`efficiency_rps_nas`" in x]
+    assert line.endswith("`recompute` TTFT p50 8.00 s, time per output token 0.055 s).")
