@@ -105,8 +105,8 @@ def comparison_shortfall(data: dict, key: str) -> str:
     ideal, other = configs["infinite"]["tpot_p50"], configs.get("recompute", {}).get("tpot_p50")
     drift = (other or 0) / ideal - 1 if ideal else 0.0
     moved = (
-        f": `recompute` decoded {drift:.0%} slower than `infinite`, work the tiers never "
-        "touch, so the machine's speed moved between the configurations"
+        f": `recompute`, which has no tiers, decoded {drift:.0%} slower than `infinite`, so "
+        "the machine's speed moved between the configurations"
         if drift > MACHINE_DRIFT
         else ""
     )

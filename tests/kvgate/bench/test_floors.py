@@ -135,9 +135,9 @@ def test_a_missed_chat_comparison_shows_its_timings_and_a_machine_that_moved() -
     assert line == (
         "- `efficiency_rps_nas` missed: 0.810 against >= 0.92 (`infinite` TTFT p50 0.90 s, "
         "time per output token 0.054 s; `nas` TTFT p50 1.20 s, time per output token 0.058 s; "
-        "`recompute` TTFT p50 8.00 s, time per output token 0.059 s: `recompute` decoded 9% "
-        "slower than `infinite`, work the tiers never touch, so the machine's speed moved "
-        "between the configurations)."
+        "`recompute` TTFT p50 8.00 s, time per output token 0.059 s: `recompute`, which has "
+        "no tiers, decoded 9% slower than `infinite`, so the machine's speed moved between "
+        "the configurations)."
     )
     chat["recompute"]["tpot_p50"] = 0.055  # decode held steady: no word about the machine
     data.pop("figures")
