@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import ssl
@@ -106,16 +107,21 @@ def s3_error(code: str) -> str:
 
 
 class ThrottlingProxy:
-    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with ``reply``."""
+    """Forwards to ``upstream`` after refusing the first ``refuse`` requests with ``reply``;
+    a request whose path contains one of ``held`` waits for ``release`` first."""
 
     def __init__(self, upstream: str, refuse: int) -> None:
         self.upstream = upstream
         self.refuse = refuse
         self.reply: tuple[int, str, dict[str, str]] = (503, s3_error("SlowDown"), {})
         self.seen = 0
+        self.held: set[str] = set()
+        self.release = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.seen += 1
+        if any(part in request.path for part in self.held):
+            await self.release.wait()
         if self.seen <= self.refuse:
             status, text, headers = self.reply
             return web.Response(

@@ -1,14 +1,27 @@
-"""Pages read straight into their final memory: the fence, and the NAS's in-place reads."""
+"""Pages read straight into their final memory: the fence, the NAS's in-place reads, and
+the object store's pages copied in as each GET arrives."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.support.tiering import chain, flip_byte, namespace
+from kvgate.stack.seaweed import S3Endpoint
+from tests.support.tiering import (
+    ThrottlingProxy,
+    chain,
+    flip_byte,
+    namespace,
+    object_config,
+    serving,
+)
+from tiering.codec import Block
 from tiering.landing import Landed, Landing
 from tiering.tiers.nas import NasConfig, NasTier
+from tiering.tiers.object import ObjectTier
 
 
 def _views(pages: int, nbytes: int, split: int) -> list[list[memoryview]]:
@@ -103,3 +116,46 @@ async def test_nas_reads_pages_in_place_across_threads_with_misses_and_damage(
     assert again == [Landed.REFUSED] and _bytes(views[0]) == bytes(blocks[0].payload)  # closed
     assert nas.path(blocks[0].key).exists()  # refused, not damaged
     nas.close()
+
+
+class _CountingLanding(Landing):
+    """A landing that says when ``expect`` pages have landed."""
+
+    def __init__(self, *args, expect: int, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kw)
+        self.landed, self.expect, self.enough = 0, expect, asyncio.Event()
+
+    def fill(self, i: int, block: Block) -> Landed:
+        got = super().fill(i, block)
+        self.landed += got is Landed.LANDED
+        if self.landed >= self.expect:
+            self.enough.set()
+        return got
+
+
+async def test_object_pages_land_as_their_gets_arrive_not_after_the_last(
+    s3_server: S3Endpoint,
+) -> None:
+    ns = namespace()
+    blocks = chain(ns, 5)
+    cfg = object_config(s3_server)
+    async with ObjectTier(cfg) as direct:
+        await direct.put_many(blocks[:4])  # page 4 is missing
+        slow = direct.object_name(blocks[3].key)
+    proxy = ThrottlingProxy(s3_server.url, refuse=0)
+    proxy.held.add(slow.rsplit("/", 1)[-1])  # page 3's GET waits until released
+    views = _views(5, blocks[0].nbytes, 100)
+    landing = _CountingLanding(ns.digest, "float16", blocks[0].shape, views, expect=3)
+    async with serving(proxy) as url, ObjectTier(replace(cfg, endpoint_url=url)) as tier:
+        reading = asyncio.create_task(tier.land([b.key for b in blocks], landing, range(5)))
+        # pages 0-2 are in place while page 3's GET is still held
+        await asyncio.wait_for(landing.enough.wait(), 60)
+        assert not reading.done()
+        assert all(_bytes(views[i]) == bytes(blocks[i].payload) for i in range(3))
+        assert _bytes(views[3]) == bytes(blocks[3].nbytes)  # not yet
+        proxy.release.set()
+        got = await reading
+        assert got == [Landed.LANDED] * 4 + [Landed.MISSING]
+        assert _bytes(views[3]) == bytes(blocks[3].payload)
+        stats = tier.stats()
+        assert (stats.hits, stats.misses, stats.bytes_read) == (4, 1, 4 * blocks[0].nbytes)

@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from protocol.tiers import TierName
 from tiering.codec import Block, CorruptBlock, decode, encode
 from tiering.landing import Landed, Landing
-from tiering.tiers.base import TierError, TierStats, land_by_copy
+from tiering.tiers.base import TierError, TierStats
 from tiering.tiers.s3_reader import S3Reader, S3ReadError
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
@@ -182,17 +182,27 @@ class ObjectTier:
     # --- the Tier interface -------------------------------------------------------------------
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
         await self.start()
-        out = await asyncio.gather(*(self._get_one(k) for k in keys))
-        for block in out:
-            if block is None:
-                self._stats.misses += 1
-            else:
-                self._stats.hits += 1
-                self._stats.bytes_read += block.nbytes
-        return list(out)
+        return list(await asyncio.gather(*(self._get_counted(k) for k in keys)))
 
     async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
-        return await land_by_copy(self, keys, into, at)
+        """Each page is copied into ``into`` as soon as its GET is verified, while the
+        others are still in flight, instead of all of them once the last has arrived."""
+        await self.start()
+
+        async def one(key: bytes, i: int) -> Landed:
+            block = await self._get_counted(key)
+            return Landed.MISSING if block is None else into.fill(i, block)
+
+        return list(await asyncio.gather(*(one(k, i) for k, i in zip(keys, at, strict=True))))
+
+    async def _get_counted(self, key: bytes) -> Block | None:
+        block = await self._get_one(key)
+        if block is None:
+            self._stats.misses += 1
+        else:
+            self._stats.hits += 1
+            self._stats.bytes_read += block.nbytes
+        return block
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         await self.start()
