@@ -42,6 +42,15 @@ class TierStats:
     def snapshot(self) -> TierStats:
         return dataclasses.replace(self)
 
+    def count_read(self, block: Block | None) -> Block | None:
+        """Count one key's read: a hit with its bytes, or a miss (None); returns ``block``."""
+        if block is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.bytes_read += block.nbytes
+        return block
+
 
 class Tier(Protocol):
     """What the tiered store and tierd need from a tier."""

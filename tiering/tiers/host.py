@@ -40,13 +40,9 @@ class HostTier:
     def get_now(self, key: bytes) -> Block | None:
         """The block for ``key`` (marking it recently used), or None; no await needed."""
         block = self._blocks.get(key)
-        if block is None:
-            self._stats.misses += 1
-            return None
-        self._blocks.move_to_end(key)
-        self._stats.hits += 1
-        self._stats.bytes_read += block.nbytes
-        return block
+        if block is not None:
+            self._blocks.move_to_end(key)
+        return self._stats.count_read(block)
 
     def put_now(self, block: Block, *, owned: bool = False) -> None:
         """Copy ``block`` in, evicting least-recently-used blocks to stay within budget.

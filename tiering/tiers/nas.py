@@ -241,13 +241,7 @@ class NasTier:
 
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
         out: list[Block | None] = await self._spread(self._read_run, keys)
-        for block in out:
-            if block is None:
-                self._stats.misses += 1
-            else:
-                self._stats.hits += 1
-                self._stats.bytes_read += block.nbytes
-        return out
+        return [self._stats.count_read(block) for block in out]
 
     async def land(self, keys: Sequence[bytes], into: Landing, at: Sequence[int]) -> list[Landed]:
         out: list[Landed] = await self._spread(

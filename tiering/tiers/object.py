@@ -196,13 +196,7 @@ class ObjectTier:
         return list(await asyncio.gather(*(one(k, i) for k, i in zip(keys, at, strict=True))))
 
     async def _get_counted(self, key: bytes) -> Block | None:
-        block = await self._get_one(key)
-        if block is None:
-            self._stats.misses += 1
-        else:
-            self._stats.hits += 1
-            self._stats.bytes_read += block.nbytes
-        return block
+        return self._stats.count_read(await self._get_one(key))
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         await self.start()

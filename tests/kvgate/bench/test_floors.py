@@ -59,6 +59,14 @@ def _with_floors(**overrides: object) -> dict:
     return data
 
 
+def _missed(data: dict, key: str) -> str:
+    """The report's line for target ``key`` of ``data``, verdicts made afresh."""
+    data.pop("figures", None)
+    data["targets"] = verdicts(data)
+    (line,) = [x for x in findings(data) if f"`{key}` missed" in x]
+    return line
+
+
 def test_the_restore_references_are_the_resident_turn_plus_one_pass_at_their_rate() -> None:
     f = _with_floors()["figures"]
     assert f["nas_vs_resident_ttft_floor"] == pytest.approx(1 + 0.05 / 0.2)
@@ -66,8 +74,7 @@ def test_the_restore_references_are_the_resident_turn_plus_one_pass_at_their_rat
 
 
 def test_a_missed_restore_figure_says_what_moving_its_bytes_alone_would_read() -> None:
-    (line,) = [x for x in findings(_with_floors()) if "`object_vs_resident_ttft`" in x]
-    assert line.endswith(
+    assert _missed(_with_floors(), "object_vs_resident_ttft").endswith(
         "`object` delivered 269.63 MB/s; one GET of them as a single object, through the "
         "object tier's client, runs at 1.89 GB/s here: a restore doing nothing else would "
         "read 1.50)."
@@ -83,8 +90,7 @@ def test_a_missed_no_reuse_figure_says_what_writing_the_pages_alone_takes() -> N
     }  # fmt: skip
     data = _with_floors(no_reuse=pair, machine={"cpus": 2})
     assert data["figures"]["no_reuse_write_cpu_share"] == pytest.approx(0.05)
-    (line,) = [x for x in findings(data) if "`no_reuse_overhead`" in x]
-    assert line.endswith(
+    assert _missed(data, "no_reuse_overhead").endswith(
         "writing a page's file alone costs 1.00 ms of CPU here, 5.0% of the tiered waves' time)."
     )
 
@@ -92,9 +98,7 @@ def test_a_missed_no_reuse_figure_says_what_writing_the_pages_alone_takes() -> N
 def test_a_missed_docqa_speedup_names_the_ideals_own_speedup() -> None:
     data = recorded_run(spec={})
     data["workloads"]["docqa"]["configs"]["nas"]["rps"] = 1.0  # 10x, where the ideal gives 20x
-    data["targets"] = verdicts(data)
-    (line,) = [x for x in findings(data) if "`docqa_speedup_rps`" in x]
-    assert line == (
+    assert _missed(data, "docqa_speedup_rps") == (
         "- `docqa_speedup_rps` missed: 10.000 against >= 15 (`infinite`, the ideal, serves "
         "20.00x recompute's requests/s on this machine and workload (`docqa_speedup_bound`): "
         "the speedup no cache can pass here)."
@@ -103,9 +107,8 @@ def test_a_missed_docqa_speedup_names_the_ideals_own_speedup() -> None:
 
 def test_a_run_without_floors_reports_its_figures_as_before() -> None:
     data = recorded_run(spec={})
-    data["targets"] = verdicts(data)
+    line = _missed(data, "object_vs_resident_ttft")
     assert data["figures"]["nas_vs_resident_ttft_floor"] is None
-    (line,) = [x for x in findings(data) if "`object_vs_resident_ttft`" in x]
     assert line.endswith("`object` delivered 269.63 MB/s).")
     assert _floor_lines(None) == []
 
@@ -130,9 +133,7 @@ def test_a_missed_chat_comparison_shows_its_timings_and_a_machine_that_moved() -
     chat["nas"] |= {"rps": 0.85, "ttft_p50": 1.2, "tpot_p50": 0.058}
     chat["infinite"] |= {"tpot_p50": 0.054}
     chat["recompute"] |= {"tpot_p50": 0.059}
-    data["targets"] = verdicts(data)
-    (line,) = [x for x in findings(data) if "`efficiency_rps_nas`" in x]
-    assert line == (
+    assert _missed(data, "efficiency_rps_nas") == (
         "- `efficiency_rps_nas` missed: 0.810 against >= 0.92 (`infinite` TTFT p50 0.90 s, "
         "time per output token 0.054 s; `nas` TTFT p50 1.20 s, time per output token 0.058 s; "
         "`recompute` TTFT p50 8.00 s, time per output token 0.059 s: `recompute`, which has "
@@ -140,7 +141,6 @@ def test_a_missed_chat_comparison_shows_its_timings_and_a_machine_that_moved() -
         "the configurations)."
     )
     chat["recompute"]["tpot_p50"] = 0.055  # decode held steady: no word about the machine
-    data.pop("figures")
-    data["targets"] = verdicts(data)
-    (line,) = [x for x in findings(data) if "`efficiency_rps_nas`" in x]
-    assert line.endswith("`recompute` TTFT p50 8.00 s, time per output token 0.055 s).")
+    assert _missed(data, "efficiency_rps_nas").endswith(
+        "`recompute` TTFT p50 8.00 s, time per output token 0.055 s)."
+    )
