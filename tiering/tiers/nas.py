@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.tiers import TierName
-from tiering.codec import Block, CorruptBlock, decode, encode_header
+from tiering.codec import Block, CorruptBlock, decode
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats
 from tiering.tiers.nas_files import (
@@ -35,7 +35,7 @@ from tiering.tiers.nas_files import (
     read_into,
     scan,
     unlink,
-    write_block_file,
+    write_block,
 )
 from tiering.tiers.slabs import SlabPool
 
@@ -286,12 +286,7 @@ class NasTier:
         return out
 
     def _write_one(self, block: Block) -> None:
-        write_block_file(
-            self._file(block.key),
-            [memoryview(encode_header(block)), block.payload],
-            fsync=self.config.fsync,
-            chunk=self.config.write_chunk,
-        )
+        write_block(self.root, block, fsync=self.config.fsync, chunk=self.config.write_chunk)
 
     async def put_many(self, blocks: Sequence[Block]) -> None:
         # Every write runs to its end (or its clean-up) before this returns, even when one

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiering.codec import Block, encode_header
 from tiering.tiers.base import TierError
 
 SUFFIX = ".kvb"
@@ -59,6 +60,13 @@ def read_into(fd: int, views: Sequence[memoryview], size: int) -> int:
         n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
         got += n
     return got
+
+
+def write_block(root: str | Path, block: Block, *, fsync: bool, chunk: int) -> None:
+    """Write ``block`` (header, then payload) as its file under ``root``, as
+    :func:`write_block_file` does."""
+    parts = [memoryview(encode_header(block)), block.payload]
+    write_block_file(block_file(root, block.key), parts, fsync=fsync, chunk=chunk)
 
 
 def write_block_file(path: str, parts: Sequence[memoryview], *, fsync: bool, chunk: int) -> None:

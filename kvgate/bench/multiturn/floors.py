@@ -35,13 +35,13 @@ import numpy as np
 
 from kvgate.bench.multiturn import stack
 from kvgate.bench.multiturn.report import RESTORE_HISTORY
-from kvgate.bench.multiturn.restore import PAGE_TOKENS
+from kvgate.bench.multiturn.sizing import PAGE_TOKENS
 from kvgate.settings import load_settings
 from kvgate.stack.seaweed import S3Endpoint
-from tiering.codec import encode_header, make_block
+from tiering.codec import make_block
 from tiering.keys import Namespace
 from tiering.tiers.base import TierError
-from tiering.tiers.nas_files import block_file, write_block_file
+from tiering.tiers.nas_files import write_block
 from tiering.tiers.object import ObjectConfig, ObjectTier
 
 #: tries per floor: the best copy or GET (the machine's own speed, not its noise), the
@@ -92,12 +92,7 @@ def page_write_cpu(
             ]
             start = _cpu_seconds()
             for block in blocks:
-                write_block_file(
-                    block_file(root, block.key),
-                    [memoryview(encode_header(block)), block.payload],
-                    fsync=fsync,
-                    chunk=page_bytes + 4096,
-                )
+                write_block(root, block, fsync=fsync, chunk=page_bytes + 4096)
             rounds.append((_cpu_seconds() - start) / pages)
     return statistics.median(rounds)
 

@@ -68,9 +68,18 @@ def _no_reuse_overhead(d: dict) -> float:
     return statistics.median(1 - f / n for n, f in zip(on, off, strict=True))
 
 
-def _restore(d: dict, source: str) -> float:
+def restore_turn(d: dict, source: str) -> tuple[float, float, int]:
+    """The restore turn's TTFT from ``source``, its resident TTFT beside it, and the bytes
+    of KV ``source`` served in it."""
     samples = d["restore"][str(RESTORE_HISTORY)]
-    return samples[source]["ttft"] / resident_of(samples, source)["ttft"]
+    sample = samples[source]
+    moved = sample["cached_by_tier"].get(source, 0) * d["kv_bytes_per_token"]
+    return sample["ttft"], resident_of(samples, source)["ttft"], moved
+
+
+def _restore(d: dict, source: str) -> float:
+    ttft, resident, _ = restore_turn(d, source)
+    return ttft / resident
 
 
 def resident_of(samples: dict[str, dict], source: str) -> dict:
@@ -96,9 +105,9 @@ def restore_reference(d: dict, tier: str) -> float:
     once at the reference rate: one copy in memory for the NAS (a floor: its page cache is
     memory too), one GET of a single object for the store (what grouping every page into
     one object would give with this client)."""
-    samples = d["restore"][str(RESTORE_HISTORY)]
-    resident = resident_of(samples, tier)["ttft"]
-    moved = samples[tier]["cached_by_tier"][tier] * d["kv_bytes_per_token"]
+    _, resident, moved = restore_turn(d, tier)
+    if not moved:
+        raise KeyError(f"the restore turn took no bytes from {tier}")
     return 1 + moved / d["floors"][RESTORE_REFERENCES[tier][0]] / resident
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from kvgate.bench.multiturn import stack
+from kvgate.bench.multiturn import sizing, stack
 from kvgate.bench.multiturn.driver import Result, Target, model_of, send
 from kvgate.bench.multiturn.metrics import percentile
 from kvgate.bench.multiturn.workload import single_history
@@ -56,8 +56,6 @@ POOL_SLACK_TOKENS = 400
 #: restores from S3 took 1.07-1.30 s and 0.46-0.98 s against 0.33-0.46 s for the third
 #: (first-touch memory, new connections), so a median of three could still be a cold one.
 REPEATS = 5
-#: tokens per page of the restore workers
-PAGE_TOKENS = 16
 DRAIN_TIMEOUT_S = 300.0
 
 
@@ -110,7 +108,7 @@ async def _ask(url: str, messages: list[dict[str, str]]) -> Sample:
 
 def measure_length(svc: stack.Services, length: int, kv_bytes: int, seed: int, log_dir: Path, repeats: Repeats) -> dict[str, Sample]:  # fmt: skip
     """The samples of each source in :data:`SOURCES` for a history of ``length`` tokens."""
-    page = PAGE_TOKENS
+    page = sizing.PAGE_TOKENS
     pool_tokens = -(-(length + POOL_SLACK_TOKENS) // page) * page
     site = stack.new_site(
         svc,

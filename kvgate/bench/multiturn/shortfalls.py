@@ -6,12 +6,11 @@ a chat comparison the timings of the configurations it compares."""
 from __future__ import annotations
 
 from kvgate.bench.multiturn.report import (
-    RESTORE_HISTORY,
     RESTORE_REFERENCES,
     TARGETS,
     configs_of,
     fmt_rate,
-    resident_of,
+    restore_turn,
 )
 
 #: the restore figures and the tier each one measures
@@ -22,11 +21,9 @@ def restore_shortfall(data: dict, key: str) -> str:
     """Why restore figure ``key`` missed: the bandwidth its bound needed, and the measured."""
     tier = RESTORE_FIGURES[key]
     bound = next(t.bound_for(data) for t in TARGETS if t.key == key)
-    samples = data["restore"][str(RESTORE_HISTORY)]
-    resident = resident_of(samples, tier)["ttft"]
-    moved = samples[tier]["cached_by_tier"].get(tier, 0) * data["kv_bytes_per_token"]
+    ttft, resident, moved = restore_turn(data, tier)
     allowed = (bound - 1) * resident
-    got = moved / max(samples[tier]["ttft"] - resident, 1e-9)
+    got = moved / max(ttft - resident, 1e-9)
     rate_key, suffix, what = RESTORE_REFERENCES[tier]
     reference = data["figures"].get(f"{key}_{suffix}")
     rate = data.get("floors", {}).get(rate_key)
