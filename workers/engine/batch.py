@@ -61,19 +61,23 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
 
-def _slots(pages: Sequence[int], n: int, page_size: int, offsets: torch.Tensor) -> torch.Tensor:
+def _slots(pages: Sequence[int], n: int, page_stride: int, offsets: torch.Tensor) -> torch.Tensor:
     table = torch.tensor(pages, dtype=torch.long)
-    return (table[:, None] * page_size + offsets).view(-1)[:n]
+    return (table[:, None] * page_stride + offsets).view(-1)[:n]
 
 
 def build_batch(
     chunks: Sequence[SeqChunk],
     *,
     page_size: int,
+    page_stride: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[ForwardBatch, list[int]]:
     """Lay out ``chunks`` for the model; also returns the chunk order used (prefill first).
+
+    Token ``o`` of page ``p`` is slot ``p * page_stride + o`` of a layer's slot view
+    (:attr:`~workers.engine.kv_pool.KVPool.page_stride`: a page holds every layer).
 
     Masks are additive, in ``dtype``, the dtype attention runs in (the KV's): attention
     would otherwise convert a boolean mask in every layer.
@@ -103,7 +107,7 @@ def build_batch(
             decode.append(i)
             positions.append(c.start)
             continue
-        ctx = _slots(c.pages, end, page_size, offsets)
+        ctx = _slots(c.pages, end, page_stride, offsets)
         positions.extend(range(c.start, end))
         writes.append(ctx[c.start :])
         mask = None
@@ -119,7 +123,7 @@ def build_batch(
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
         lengths = [chunks[i].start + 1 for i in decode]
         lens = torch.tensor(lengths, dtype=torch.long)
-        slots = (table[:, :, None] * page_size + offsets).view(len(decode), -1)[:, :ctx_max]
+        slots = (table[:, :, None] * page_stride + offsets).view(len(decode), -1)[:, :ctx_max]
         writes.append(slots[torch.arange(len(decode)), lens - 1])
         if min(lengths) < ctx_max:
             decode_mask = additive(torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None]

@@ -2,11 +2,19 @@
 
 A page holds ``page_size`` consecutive tokens of K and V for every layer. The pool only
 hands out page ids and moves bytes; which tokens a page holds is the radix cache's and the
-scheduler's business. Storage is layer-major (``[layers, pages, page_size, 2, kv_heads,
-head_dim]``) so that one layer's attention gathers rows of one contiguous block. Pages
-leave and enter the pool in the tier layout ``layer,token,kv,head,dim``: per layer, the
-bytes of the page's slot exactly as the pool holds them, so a restore can read a page
-straight into a CPU pool (one contiguous run per layer) with nothing to reorder.
+scheduler's business. Storage is page-major (``[pages, layers, page_size, 2, kv_heads,
+head_dim]``): a page is one contiguous run of bytes in the tier layout
+``layer,token,kv,head,dim``, so a page leaves the pool as one copy and a restore reads a
+file (or copies a block) straight into it in one piece, verifying its checksum over
+contiguous memory. Layer-major storage made a page 30 runs of 12 KiB for SmolLM2: a NAS
+landing of 258 pages read and hashed 7,740 small pieces, 11.3 ms against 10.0 page-major
+(2-core AMD EPYC, the same files in the page cache, median of 15), and on the Xeon of
+earlier runs hashing 30 views a page did not run in parallel on two threads at all.
+
+Attention still reads one layer at a time through a slot view per layer
+(:attr:`KVPool.layer_slots`): layer ``l``'s view starts ``l * page_size`` rows into the
+pool, so token ``o`` of page ``p`` is row ``p * page_stride + o`` of every layer's view,
+with ``page_stride = layers * page_size`` (see :func:`~workers.engine.batch.build_batch`).
 """
 
 from __future__ import annotations
@@ -78,9 +86,13 @@ class KVPool:
             head_dim=config.head_dim,
         )
         L, H, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.kv = torch.zeros(L, self.num_pages, page_size, 2, H, D, dtype=dtype, device=device)
-        #: per layer, a ``[pages * page_size, 2, kv_heads, head_dim]`` view: one row per token slot
-        self.layer_slots = [self.kv[i].view(-1, 2, H, D) for i in range(L)]
+        self.kv = torch.zeros(self.num_pages, L, page_size, 2, H, D, dtype=dtype, device=device)
+        #: slot rows from one page to the next in a layer's view (a page holds every layer)
+        self.page_stride = L * page_size
+        rows = self.kv.view(-1, 2, H, D)
+        #: per layer, a view of rows ``[2, kv_heads, head_dim]`` in which token ``o`` of page
+        #: ``p`` is row ``p * page_stride + o``
+        self.layer_slots = [rows[i * page_size :] for i in range(L)]
         # Pop from the end: low page ids go out first, which keeps test output readable.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
         #: pages an abandoned restore may still write (see :meth:`hold_back`), and those
@@ -125,15 +137,13 @@ class KVPool:
         """A copy of each page's KV, ``[layers, page_size, 2, kv_heads, head_dim]``.
 
         On a CPU each copy is memory of its own, which host RAM can keep as it is and free
-        page by page: one copy per page, 5.8 ms for 130 pages of SmolLM2 here, where one
-        ``index_select`` over the page axis, transposed to pages first, took 38. On a device
-        the pages are gathered in one kernel and come as views of one buffer, which the
-        offload moves to the host in one transfer.
+        page by page. On a device the pages are gathered in one kernel and come as views of
+        one buffer, which the offload moves to the host in one transfer.
         """
         if self.kv.device.type == "cpu":
-            return [self.kv[:, p].clone(memory_format=torch.contiguous_format) for p in page_ids]
+            return [self.kv[p].clone() for p in page_ids]
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
-        return list(self.kv.index_select(1, idx).transpose(0, 1).contiguous().unbind())
+        return list(self.kv.index_select(0, idx).unbind())
 
     def write_pages(self, page_ids: Sequence[int], pages: torch.Tensor) -> None:
         """Store ``pages`` (``[n, layers, page_size, 2, kv_heads, head_dim]``, the
@@ -148,20 +158,20 @@ class KVPool:
             return
         idx = torch.as_tensor(list(page_ids), dtype=torch.long, device=self.kv.device)
         src = pages.to(device=self.kv.device, dtype=self.kv.dtype, non_blocking=pages.is_pinned())
-        self.kv.index_copy_(1, idx, src.transpose(0, 1))
+        self.kv.index_copy_(0, idx, src)
 
     def restore_target(self, page_ids: Sequence[int]) -> RestoreTarget:
         """Memory a restore of ``page_ids`` writes each page's bytes into (tier layout).
 
-        A CPU pool offers the pages' slots themselves — one run of bytes per layer — so a
-        page read from a file lands where attention reads it. A device pool offers one
+        A CPU pool offers the pages themselves, one run of bytes each, so a page read from a
+        file lands where attention reads it. A device pool offers one
         page-locked staging tensor, moved into the slots in one transfer by
         :meth:`RestoreTarget.commit`.
         """
         if self.kv.device.type == "cpu":
             if self._bytes is None:
                 self._bytes = memoryview(self.kv.view(torch.uint8).numpy()).cast("B")
-            return RestoreTarget(self, page_ids, _SlotViews(self, page_ids), staging=None)
+            return RestoreTarget(self, page_ids, _PageViews(self, page_ids), staging=None)
         staging = torch.empty(
             (len(page_ids), *self.layout.page_shape),
             dtype=self.kv.dtype,
@@ -195,27 +205,21 @@ class KVPool:
             self.held_back -= 1
 
 
-class _SlotViews(Sequence[list[memoryview]]):
-    """Per page, the runs of bytes of its slot in a CPU pool (one per layer), made when
-    asked for: a 7k-token restore would otherwise build thousands of views up front."""
+class _PageViews(Sequence[list[memoryview]]):
+    """Per page, its bytes in a CPU pool (one run), made when asked for."""
 
     def __init__(self, pool: KVPool, page_ids: Sequence[int]) -> None:
         assert pool._bytes is not None
         self._bytes = pool._bytes
         self._page_ids = list(page_ids)
-        self._slot = pool.page_bytes // pool.layout.num_layers
-        self._stride = pool.num_pages * self._slot  # from a layer's slot to the next layer's
-        self._layers = pool.layout.num_layers
+        self._size = pool.page_bytes
 
     def __len__(self) -> int:
         return len(self._page_ids)
 
     def __getitem__(self, i: int) -> list[memoryview]:  # type: ignore[override]
-        start = self._page_ids[i] * self._slot
-        return [
-            self._bytes[start + layer * self._stride : start + layer * self._stride + self._slot]
-            for layer in range(self._layers)
-        ]
+        start = self._page_ids[i] * self._size
+        return [self._bytes[start : start + self._size]]
 
 
 class RestoreTarget:

@@ -339,7 +339,11 @@ class Scheduler:
         plan = plan_step(self.running, self.token_budget)
         chunks, reqs = plan.chunks, plan.requests
         batch, order = build_batch(
-            chunks, page_size=self.page_size, device=self.model.device, dtype=self.model.kv_dtype
+            chunks,
+            page_size=self.page_size,
+            page_stride=self.pool.page_stride,
+            device=self.model.device,
+            dtype=self.model.kv_dtype,
         )
         logits = self.model.forward(batch, self.pool)
         wanting = [i for i in order if chunks[i].want_logits]

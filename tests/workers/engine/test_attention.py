@@ -54,9 +54,13 @@ def test_a_chunk_cut_in_two_gets_no_mask_built() -> None:
     one carries its mask, and attention refuses a small one without it."""
     cpu = torch.device("cpu")
     pages = list(range(256))
-    big, _ = build_batch([SeqChunk([5] * 2048, 2048, pages)], page_size=16, device=cpu)
+    big, _ = build_batch(
+        [SeqChunk([5] * 2048, 2048, pages)], page_size=16, page_stride=16, device=cpu
+    )
     assert big.prefill[0].mask is None
-    small, _ = build_batch([SeqChunk([5] * 30, 40, pages)], page_size=16, device=cpu)
+    small, _ = build_batch(
+        [SeqChunk([5] * 30, 40, pages)], page_size=16, page_stride=16, device=cpu
+    )
     mask = small.prefill[0].mask
     assert mask is not None and mask.shape == (30, 70)
     assert mask[0, 40].item() == 0.0 and mask[0, 41].item() == float("-inf")

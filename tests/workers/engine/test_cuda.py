@@ -84,7 +84,10 @@ def test_fp32_logits_and_greedy_tokens_match_transformers_on_cuda() -> None:
     cuts = [21, 51, *range(52, 70)]  # a chunk across a page, a chunk over the cache, decodes
     for end in [*cuts, len(ids)]:
         batch, _ = build_batch(
-            [SeqChunk(ids[start:end], start, pages)], page_size=PAGE, device=CUDA
+            [SeqChunk(ids[start:end], start, pages)],
+            page_size=PAGE,
+            page_stride=pool.page_stride,
+            device=CUDA,
         )
         rows.append(ours.forward(batch, pool)[0])
         start = end

@@ -43,9 +43,12 @@ def test_pool_accounting_and_page_round_trip() -> None:
     # each memory of its own (host RAM keeps them as they are and frees them one by one)
     assert all(c.untyped_storage().nbytes() == c.nbytes for c in copies)
     pool.write_pages(pages[1:], data)
-    # a page's layout is its slot's: token t of layer l is the pool's row for that slot
-    slot_row = pages[2] * 4 + 3
-    assert torch.equal(pool.layer_slots[1][slot_row], data[1, 1, 3])
+    # a page's layout is its slots': token t of layer l is row p * page_stride + t of l's view
+    assert pool.page_stride == pool.layout.num_layers * 4
+    for layer in range(pool.layout.num_layers):
+        for t in range(4):
+            row = pool.layer_slots[layer][pages[2] * pool.page_stride + t]
+            assert torch.equal(row, data[1, layer, t])
     with pytest.raises(ValueError, match="expected"):
         pool.write_pages(pages[:1], data[:1, :1])
     with pytest.raises(ValueError, match="2 pages of KV for 1 page ids"):
@@ -62,7 +65,7 @@ def test_a_restore_writes_bytes_straight_into_the_slots() -> None:
     before = torch.stack(pool.page_copies(pages))
     target = pool.restore_target(pages[1:])
     assert target.in_pool and len(target.views) == 2
-    assert all(len(parts) == 2 for parts in target.views)  # one run of bytes per layer
+    assert all(len(parts) == 1 for parts in target.views)  # a page is one run of bytes
     new = torch.randn(2, *pool.layout.page_shape)
     for parts, page in zip(target.views, new, strict=True):
         raw = memoryview(page.contiguous().view(torch.uint8).numpy()).cast("B")

@@ -40,6 +40,7 @@ def _ours_in_chunks(
         batch, _ = build_batch(
             [SeqChunk(ids[start:end], start, pages)],
             page_size=16,
+            page_stride=pool.page_stride,
             device=torch.device("cpu"),
             dtype=kv_dtype,
         )
@@ -120,10 +121,24 @@ def test_attention_gathers_into_one_reused_buffer() -> None:
     pool = KVPool(model.config, pool_bytes=model.config.kv_bytes_per_token(4) * 16 * 8)
     pages = pool.alloc(3)
     device = torch.device("cpu")
-    ours.forward(build_batch([SeqChunk(ids[:39], 0, pages)], page_size=16, device=device)[0], pool)
+    ours.forward(
+        build_batch(
+            [SeqChunk(ids[:39], 0, pages)],
+            page_size=16,
+            page_stride=pool.page_stride,
+            device=device,
+        )[0],
+        pool,
+    )
     buffer = ours._gathered.data_ptr()
     logits = ours.forward(
-        build_batch([SeqChunk(ids[39:], 39, pages)], page_size=16, device=device)[0], pool
+        build_batch(
+            [SeqChunk(ids[39:], 39, pages)],
+            page_size=16,
+            page_stride=pool.page_stride,
+            device=device,
+        )[0],
+        pool,
     )
     assert ours._gathered.data_ptr() == buffer, "a smaller gather allocated again"
     expected = _reference_logits(model, ids)[-1]

@@ -52,8 +52,12 @@ def test_logits_match_transformers(smollm2) -> None:  # type: ignore[no-untyped-
     pool = KVPool(config, pool_bytes=config.kv_bytes_per_token(4) * 16 * 8)
     pages = pool.alloc(4)
     cpu = torch.device("cpu")
-    first, _ = build_batch([SeqChunk(ids[:30], 0, pages)], page_size=16, device=cpu)
-    rest, _ = build_batch([SeqChunk(ids[30:], 30, pages)], page_size=16, device=cpu)
+    first, _ = build_batch(
+        [SeqChunk(ids[:30], 0, pages)], page_size=16, page_stride=pool.page_stride, device=cpu
+    )
+    rest, _ = build_batch(
+        [SeqChunk(ids[30:], 30, pages)], page_size=16, page_stride=pool.page_stride, device=cpu
+    )
     ours = torch.cat([model.forward(first, pool), model.forward(rest, pool)])
     assert (ours - ref[[29, len(ids) - 1]]).abs().max().item() < TOLERANCE
 
