@@ -30,6 +30,8 @@ import enum
 import threading
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from tiering.codec import Block, PageCheck
 
 
@@ -115,7 +117,10 @@ class Landing:
     def fill(self, i: int, block: Block) -> Landed:
         """Copy a verified in-memory block into page ``i``: ``MISSING`` (nothing written)
         when the block is not of the landing's namespace, dtype and shape, ``REFUSED`` once
-        closed or while another writer holds page ``i``."""
+        closed or while another writer holds page ``i``.
+
+        The copy runs without the GIL (numpy's), so fills on several threads copy at once.
+        """
         c = self.check
         if (block.namespace, block.dtype, block.shape) != (c.namespace, c.dtype, c.shape):
             return Landed.MISSING
@@ -123,9 +128,10 @@ class Landing:
         if parts is None:
             return Landed.REFUSED
         try:
+            src = np.frombuffer(block.payload, np.uint8)
             pos = 0
             for part in parts:
-                part[:] = block.payload[pos : pos + part.nbytes]
+                np.copyto(np.frombuffer(part, np.uint8), src[pos : pos + part.nbytes])
                 pos += part.nbytes
         finally:
             self.release(i)

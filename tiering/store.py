@@ -238,20 +238,23 @@ class TieredStore:
             return Fetched([], [])
         got: list[Block | Landed | None] = [None] * len(plan)
         runs: dict[str, list[int]] = {}
+        in_ram: list[int] = []  # RAM needs no deadline, and a miss there repairs nothing
         for i, tier in enumerate(plan):
-            if tier == TierName.HOST:  # RAM needs neither a task nor a deadline
-                block = self.host.get_now(keys[i])
-                got[i] = block if into is None or block is None else into.fill(i, block)
+            if tier == TierName.HOST and into is None:
+                got[i] = self.host.get_now(keys[i])
             else:
-                runs.setdefault(tier, []).append(i)
-        results = await asyncio.gather(
+                (in_ram if tier == TierName.HOST else runs.setdefault(tier, [])).append(i)
+        copied, *results = await asyncio.gather(
+            self.host.land([keys[i] for i in in_ram], into, in_ram) if in_ram else _nothing(),
             *(
                 early.pick(idx)
                 if t == TierName.NAS and early is not None
                 else self._read_tier(t, keys, idx, tokens_per_page, into)
                 for t, idx in runs.items()
-            )
+            ),
         )
+        for i, answer in zip(in_ram, copied, strict=True):
+            got[i] = answer
         # A landing's early NAS read may take pages the ledger placed elsewhere (a file not
         # yet, or no longer, in the ledger): a page lands once, so theirs is the copy. Its
         # threads may still hold pages after it overran or failed, and the tier the plan
@@ -418,3 +421,7 @@ class TieredStore:
             "write_queue": 0 if self._spill is None else self._spill.queued(),
             "cost": self.cost.snapshot(),
         }
+
+
+async def _nothing() -> list[Landed]:
+    return []

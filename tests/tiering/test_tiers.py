@@ -13,6 +13,7 @@ import pytest
 from kvgate.stack.seaweed import S3Endpoint
 from tests.support.tiering import chain, flip_byte, namespace, object_config
 from tiering.codec import encode
+from tiering.landing import Landed, Landing
 from tiering.tiers import nas as nas_module
 from tiering.tiers.base import Tier
 from tiering.tiers.host import HostTier
@@ -58,6 +59,22 @@ async def test_host_tier_evicts_least_recently_used_within_budget() -> None:
     assert blocks[1].key not in host
     assert all(b.key in host for b in (blocks[0], blocks[2], blocks[3]))
     assert host.stats().used_bytes == 600
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+async def test_host_tier_lands_each_page_in_its_place_on_its_copy_threads(threads: int) -> None:
+    ns = namespace()
+    blocks = chain(ns, 7)
+    host = HostTier(1 << 30, copy_threads=threads)
+    await host.put_many([b for i, b in enumerate(blocks) if i != 4])  # page 4 is not held
+    memory = [bytearray(blocks[0].nbytes) for _ in blocks]
+    landing = Landing(ns.digest, "float16", blocks[0].shape, [[memoryview(m)] for m in memory])
+    at = [6, 5, 4, 3, 2, 1, 0]  # key i lands in page 6 - i
+    got = await host.land([b.key for b in blocks], landing, at)
+    assert got == [Landed.MISSING if i == 4 else Landed.LANDED for i in range(7)]
+    for i, b in enumerate(blocks):
+        expected = bytes(len(memory[0])) if i == 4 else bytes(b.payload)
+        assert bytes(memory[6 - i]) == expected
 
 
 async def test_nas_lays_out_sharded_files_and_counts_usage(nas_dir: Path) -> None:

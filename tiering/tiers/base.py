@@ -8,10 +8,13 @@ unreachable) raises :class:`TierError`, which the tiered store turns into a coun
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tiering.codec import Block
 from tiering.landing import Landed, Landing
@@ -86,12 +89,23 @@ class Tier(Protocol):
         ...
 
 
-async def land_by_copy(
-    tier: Tier, keys: Sequence[bytes], into: Landing, at: Sequence[int]
-) -> list[Landed]:
-    """:meth:`Tier.land` for a tier whose reads arrive in buffers of its own (RAM, HTTP
-    bodies): read and verify as :meth:`Tier.get_many` does, then copy into the landing."""
-    blocks = await tier.get_many(keys)
-    return [
-        Landed.MISSING if b is None else into.fill(i, b) for i, b in zip(at, blocks, strict=True)
-    ]
+async def in_runs(
+    executor: Executor,
+    threads: int,
+    run: Callable[..., list[Any]],
+    items: Sequence[Any],
+    *aligned: Sequence[Any],
+) -> list[Any]:
+    """``run`` over one contiguous run of ``items`` (and of each ``aligned`` sequence) per
+    thread of ``executor``, ``threads`` runs at most: as many pages in flight as threads,
+    without a future and a loop wake-up per page. The runs' answers, concatenated."""
+    runs = max(1, min(threads, len(items)))
+    bounds = [len(items) * r // runs for r in range(runs + 1)]
+    loop = asyncio.get_running_loop()
+    parts = await asyncio.gather(
+        *(
+            loop.run_in_executor(executor, run, items[a:b], *(seq[a:b] for seq in aligned))
+            for a, b in itertools.pairwise(bounds)
+        )
+    )
+    return [answer for part in parts for answer in part]

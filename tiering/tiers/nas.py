@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from typing import Any
 from protocol.tiers import TierName
 from tiering.codec import Block, CorruptBlock, decode
 from tiering.landing import Landed, Landing
-from tiering.tiers.base import TierError, TierStats
+from tiering.tiers.base import TierError, TierStats, in_runs
 from tiering.tiers.nas_files import (
     NasEntry,
     block_file,
@@ -219,25 +218,11 @@ class NasTier:
         *aligned: Sequence[Any],
         writes: bool = False,
     ) -> list[Any]:
-        """``run`` over one contiguous run of ``items`` (and of each ``aligned`` sequence)
-        per read thread, or per write thread with ``writes``: as many pages in flight as
-        threads, without a future and a loop wake-up per page. The runs' answers,
-        concatenated."""
-        pool, threads = (
-            (self._writes, self.config.write_threads)
-            if writes
-            else (self._pool, self.config.threads)
-        )
-        runs = max(1, min(threads, len(items)))
-        bounds = [len(items) * r // runs for r in range(runs + 1)]
-        loop = asyncio.get_running_loop()
-        parts = await asyncio.gather(
-            *(
-                loop.run_in_executor(pool, run, items[a:b], *(seq[a:b] for seq in aligned))
-                for a, b in itertools.pairwise(bounds)
-            )
-        )
-        return [answer for part in parts for answer in part]
+        """``run`` over the read threads (the write threads with ``writes``), one
+        contiguous run of ``items`` each (see :func:`~tiering.tiers.base.in_runs`)."""
+        if writes:
+            return await in_runs(self._writes, self.config.write_threads, run, items, *aligned)
+        return await in_runs(self._pool, self.config.threads, run, items, *aligned)
 
     async def get_many(self, keys: Sequence[bytes]) -> list[Block | None]:
         out: list[Block | None] = await self._spread(self._read_run, keys)
