@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from workers.engine import native
 from workers.engine.attention import chunk_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.config import ModelConfig
@@ -35,7 +36,7 @@ from workers.engine.projection import (
     Projection,
     SingleRowChoice,
     choose_single_row_kernel,
-    room_for_transposed,
+    room_for_row_major,
 )
 
 #: Attention kernels the model may use. cuDNN's is left out: it spends about 2 ms of CPU per
@@ -121,12 +122,14 @@ class LlamaModel:
         tied = config.tie_word_embeddings or "lm_head.weight" not in state_dict
         head = "model.embed_tokens.weight" if tied else "lm_head.weight"
         projected = [n for n in state_dict if n.endswith("_proj.weight") or n == head]
-        candidates = room_for_transposed(
+        rowdot = native.load() if self.device.type == "cpu" and dtype == torch.float32 else None
+        if rowdot is not None and not room_for_row_major(
             sum(state_dict[n].numel() for n in projected) * dtype.itemsize
-        )
+        ):
+            rowdot = None
 
         def projection(weight: torch.Tensor) -> Projection:
-            return Projection(weight, single_row_candidate=candidates)
+            return Projection(weight, rowdot=rowdot)
 
         def fused(*names: str) -> Projection:
             return projection(torch.cat([w(n) for n in names], dim=0).contiguous())

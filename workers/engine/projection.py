@@ -3,18 +3,19 @@
 On a CPU in float32 each weight is packed once for oneDNN. MKL's sgemm (behind
 ``F.linear``) ran at about half of oneDNN's speed at the row counts of batched decode, and
 worst on AMD CPUs; the packed weight avoids both. One row is different: a decode step of a
-single sequence streams every weight once for a single row, and there oneDNN's packed
-kernel is not the fastest. On the 2-core Xeon, one row through SmolLM2's 121 projections
-(540 MB) took 23.0 ms packed and 17.6 ms with MKL over the weight stored transposed
-(``x @ weight.T.contiguous()``, a GEMV); at 8 rows the same MKL call took 40 ms against
-oneDNN's 29. So a projection on such a CPU keeps both copies and picks by row count.
+single sequence streams every weight once for a single row, so its speed is the speed the
+weights are read at, and there oneDNN's packed kernel is not the fastest. The native
+kernel (:mod:`workers.engine.native`) reads the row-major weight as one sequential stream
+per core: on a 2-core AMD EPYC one row through SmolLM2's 121 projections (540 MB) took
+20.3 ms through it against 27.5 packed (the same process, best of 5).
 
-How fast each library is differs by CPU, so whether the transposed copy is worth its memory
-(a second copy of the weights: 540 MB for SmolLM2 in float32) is measured when the model
-loads (:func:`choose_single_row_kernel`): the copies stay only where they beat the packed
-kernel by :data:`SINGLE_ROW_MARGIN`. A machine without the memory for them
-(:func:`room_for_transposed`) never makes them. Elsewhere (CUDA, other dtypes, torch without
-oneDNN) a projection is plain ``F.linear``.
+Which is faster differs by CPU, and the native kernel needs the row-major weight kept
+beside the packed one (540 MB more for SmolLM2 in float32), so the choice is measured when
+the model loads (:func:`choose_single_row_kernel`): the row-major weights stay only where
+the native kernel beats the packed one by :data:`SINGLE_ROW_MARGIN`. A machine without
+the memory for them (:func:`room_for_row_major`), or without a C compiler, keeps the
+packed kernel alone. Elsewhere (CUDA, other dtypes, torch without oneDNN) a projection is
+plain ``F.linear``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import psutil
 import torch
 import torch.nn.functional as F
 
+from workers.engine.native import RowDot
+
 log = logging.getLogger(__name__)
 
 #: Entries oneDNN (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and torch's ideep layer over it
@@ -42,27 +45,27 @@ log = logging.getLogger(__name__)
 #: head), so 64 keep a steady decode batch's every entry.
 ONEDNN_CACHE_ENTRIES = 64
 
-#: The transposed copies are kept when one row through them takes at most this share of
+#: The row-major weights are kept when one row through them takes at most this share of
 #: the packed kernel's time: a second copy of the weights is worth a clear win, not noise.
 SINGLE_ROW_MARGIN = 0.9
 
 #: Passes of one row through every projection, per kernel, of which the fastest counts.
 SINGLE_ROW_PASSES = 3
 
-#: The transposed copies are made only where the memory available at load is at least this
-#: many times their bytes: while the model loads, the weights as read, their packed copies
-#: and the candidates all live at once, and the KV pool still has to fit after.
+#: The row-major weights are kept as candidates only where the memory available at load is
+#: at least this many times their bytes: while the model loads, the weights as read, their
+#: packed copies and the candidates all live at once, and the KV pool still has to fit after.
 ROOM_FACTOR = 3
 
 
-def room_for_transposed(weight_bytes: int) -> bool:
-    """Whether this machine has the memory to try transposed copies of ``weight_bytes``:
-    a second copy of a 1B-parameter model in float32 is 5 GB, which a small machine that
-    fits the model itself may not have."""
+def room_for_row_major(weight_bytes: int) -> bool:
+    """Whether this machine has the memory to keep row-major weights of ``weight_bytes``
+    beside the packed ones: a second copy of a 1B-parameter model in float32 is 5 GB,
+    which a small machine that fits the model itself may not have."""
     available, wanted = psutil.virtual_memory().available, ROOM_FACTOR * weight_bytes
     if available < wanted:
         log.warning(
-            "one row: oneDNN packed weights, no transposed copies tried "
+            "one row: oneDNN packed weights, the native kernel not tried "
             "(%.1f GB of memory available, %.1f GB wanted)",
             available / 1e9,
             wanted / 1e9,
@@ -80,15 +83,18 @@ def _bound_onednn_caches() -> None:
 
 class Projection:
     """``x @ weight.T``: on CPU in float32 from the oneDNN-packed weight, and a single row
-    from the transposed copy while :func:`choose_single_row_kernel` keeps one."""
+    by the native kernel over the row-major weight while :func:`choose_single_row_kernel`
+    keeps it."""
 
-    __slots__ = ("packed", "transposed", "weight")
+    __slots__ = ("packed", "row_major", "rowdot", "weight")
 
-    def __init__(self, weight: torch.Tensor, *, single_row_candidate: bool = True) -> None:
-        """``single_row_candidate``: whether to keep a transposed copy for one row until
-        :func:`choose_single_row_kernel` has timed it (False where memory is short)."""
+    def __init__(self, weight: torch.Tensor, *, rowdot: RowDot | None = None) -> None:
+        """``rowdot``: the native kernel, whose row-major weight is kept for one row until
+        :func:`choose_single_row_kernel` has timed it (None: no candidate)."""
         self.packed: torch.Tensor | None = None
-        self.transposed: torch.Tensor | None = None
+        #: the weight as given, for the native kernel (a candidate until measured)
+        self.row_major: torch.Tensor | None = None
+        self.rowdot = rowdot
         self.weight: torch.Tensor | None = weight
         if (
             weight.device.type == "cpu"
@@ -100,13 +106,13 @@ class Projection:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
             except (AttributeError, RuntimeError):  # a torch build without the op: stay dense
                 return
-            if single_row_candidate:
-                self.transposed = weight.t().contiguous()  # a candidate, until measured
+            if rowdot is not None:
+                self.row_major = weight.contiguous()
             self.weight = None  # the packed copy serves every other row count
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.transposed is not None and x.shape[0] == 1:
-            return x @ self.transposed
+        if self.row_major is not None and x.shape[0] == 1:
+            return self.rowdot(x, self.row_major)  # type: ignore[misc]
         if self.packed is not None:
             return self.by_packed(x)
         return F.linear(x, self.weight)  # type: ignore[arg-type]
@@ -115,9 +121,14 @@ class Projection:
         """``x @ weight.T`` by oneDNN's packed kernel, whatever the row count."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
-    def by_transposed(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ weight.T`` by MKL over the transposed copy, whatever the row count."""
-        return x @ self.transposed  # type: ignore[operator]
+    def by_native(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` by the native kernel over the row-major weight, whatever the row
+        count."""
+        return self.rowdot(x, self.row_major)  # type: ignore[misc,arg-type]
+
+    def drop_row_major(self) -> None:
+        """Single rows go through the packed weight from now on."""
+        self.row_major = None
 
 
 @dataclass(frozen=True)
@@ -125,23 +136,26 @@ class SingleRowChoice:
     """One row through every projection, timed with each kernel, and which one won."""
 
     packed_s: float
-    transposed_s: float
+    native_s: float
+    #: the native build's instruction set (``avx512``, ``avx2``, ``scalar``)
+    isa: str
 
     @property
-    def transposed(self) -> bool:
-        """Whether single rows go through the transposed copies."""
-        return self.transposed_s <= SINGLE_ROW_MARGIN * self.packed_s
+    def native(self) -> bool:
+        """Whether single rows go through the native kernel."""
+        return self.native_s <= SINGLE_ROW_MARGIN * self.packed_s
 
     def describe(self) -> str:
-        """E.g. ``one row: MKL over transposed weights (17.6 ms a pass, oneDNN packed 23.0 ms)``."""
-        ms = f"{self.transposed_s * 1e3:.1f} ms a pass, oneDNN packed {self.packed_s * 1e3:.1f} ms"
-        if self.transposed:
-            return f"one row: MKL over transposed weights ({ms})"
-        return f"one row: oneDNN packed weights (transposed copies dropped: {ms})"
+        """E.g. ``one row: native kernel (avx512) over row-major weights (20.3 ms a pass,
+        oneDNN packed 27.5 ms)``."""
+        ms = f"{self.native_s * 1e3:.1f} ms a pass, oneDNN packed {self.packed_s * 1e3:.1f} ms"
+        if self.native:
+            return f"one row: native kernel ({self.isa}) over row-major weights ({ms})"
+        return f"one row: oneDNN packed weights (native kernel ({self.isa}) dropped: {ms})"
 
 
 #: ``(projections, kernel, threads) -> seconds`` of the fastest pass of one row through
-#: every projection with ``kernel`` ("packed" or "transposed")
+#: every projection with ``kernel`` ("packed" or "native")
 PassTimer = Callable[[Sequence[Projection], str, int], float]
 
 
@@ -152,10 +166,10 @@ def fastest_pass(projections: Sequence[Projection], kernel: str, threads: int) -
     The passes run on a thread of their own with ``threads`` torch threads, as the engine's
     steps do; that thread's OpenMP team ends with it, leaving none beside the engine's.
     """
-    widths = {p.transposed.shape[0] for p in projections}  # type: ignore[union-attr]
+    widths = {p.row_major.shape[1] for p in projections}  # type: ignore[union-attr]
     rows = {n: torch.randn(1, n) for n in widths}
     calls = [
-        (p.by_packed if kernel == "packed" else p.by_transposed, rows[p.transposed.shape[0]])  # type: ignore[union-attr]
+        (p.by_packed if kernel == "packed" else p.by_native, rows[p.row_major.shape[1]])  # type: ignore[union-attr]
         for p in projections
     ]
     seconds: list[float] = []
@@ -185,15 +199,17 @@ def fastest_pass(projections: Sequence[Projection], kernel: str, threads: int) -
 def choose_single_row_kernel(
     projections: Sequence[Projection], threads: int, timer: PassTimer = fastest_pass
 ) -> SingleRowChoice | None:
-    """Time one row through ``projections`` by each kernel and drop the transposed copies
-    unless they win; None (and nothing timed) where no projection has both."""
-    both = [p for p in projections if p.packed is not None and p.transposed is not None]
+    """Time one row through ``projections`` by each kernel and drop the row-major weights
+    unless the native kernel wins; None (and nothing timed) where no projection has both."""
+    both = [p for p in projections if p.packed is not None and p.row_major is not None]
     if not both:
         return None
     choice = SingleRowChoice(
-        packed_s=timer(both, "packed", threads), transposed_s=timer(both, "transposed", threads)
+        packed_s=timer(both, "packed", threads),
+        native_s=timer(both, "native", threads),
+        isa=both[0].rowdot.isa,  # type: ignore[union-attr]
     )
-    if not choice.transposed:
+    if not choice.native:
         for p in both:
-            p.transposed = None
+            p.drop_row_major()
     return choice

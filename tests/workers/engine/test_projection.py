@@ -1,5 +1,5 @@
-"""The weight matmuls: every kernel computes ``x @ weight.T``, one row takes the transposed
-copy only where it was measured faster, and oneDNN's caches stay bounded."""
+"""The weight matmuls: every kernel computes ``x @ weight.T``, one row takes the native
+kernel only where it was measured faster, and oneDNN's caches stay bounded."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.support.engine import tiny_llama
+from workers.engine import native
 from workers.engine import projection as projection_module
 from workers.engine.model import LlamaModel
 from workers.engine.projection import (
@@ -29,14 +30,20 @@ def _weights() -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g) for shape in ((48, 32), (32, 48), (96, 32))]
 
 
-def _timer(packed: float, transposed: float):
+def _projection(weight: torch.Tensor) -> Projection:
+    rowdot = native.load()
+    assert rowdot is not None, "the native kernel did not build on this machine (see the log)"
+    return Projection(weight, rowdot=rowdot)
+
+
+def _timer(packed: float, native_s: float):
     """A :data:`~workers.engine.projection.PassTimer` that reports fixed times and records
     what it was asked to time."""
     asked: list[tuple[int, str, int]] = []
 
     def timer(projections: Sequence[Projection], kernel: str, threads: int) -> float:
         asked.append((len(projections), kernel, threads))
-        return packed if kernel == "packed" else transposed
+        return packed if kernel == "packed" else native_s
 
     return timer, asked
 
@@ -45,31 +52,31 @@ def _timer(packed: float, transposed: float):
 @pytest.mark.parametrize("rows", [1, 2, 8])
 def test_every_kernel_computes_x_times_weight_transposed(rows: int) -> None:
     for weight in _weights():
-        p = Projection(weight)
-        assert p.packed is not None and p.transposed is not None and p.weight is None
+        p = _projection(weight)
+        assert p.packed is not None and p.row_major is not None and p.weight is None
         x = torch.randn(rows, weight.shape[1])
         expected = x @ weight.T
-        for out in (p(x), p.by_packed(x), p.by_transposed(x)):
+        for out in (p(x), p.by_packed(x), p.by_native(x)):
             assert out.shape == expected.shape
             assert torch.allclose(out, expected, atol=1e-5)
 
 
 @pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
-def test_transposed_copies_stay_only_when_they_win_by_the_margin() -> None:
-    kept = [Projection(w) for w in _weights()]
-    timer, asked = _timer(packed=1.0, transposed=SINGLE_ROW_MARGIN)
+def test_row_major_weights_stay_only_when_the_native_kernel_wins_by_the_margin() -> None:
+    kept = [_projection(w) for w in _weights()]
+    timer, asked = _timer(packed=1.0, native_s=SINGLE_ROW_MARGIN)
     choice = choose_single_row_kernel(kept, threads=3, timer=timer)
-    assert choice is not None and choice.transposed
-    assert all(p.transposed is not None for p in kept)
-    assert sorted(asked) == [(3, "packed", 3), (3, "transposed", 3)]
-    assert choice.describe().startswith("one row: MKL over transposed weights")
+    assert choice is not None and choice.native
+    assert all(p.row_major is not None for p in kept)
+    assert sorted(asked) == [(3, "native", 3), (3, "packed", 3)]
+    assert choice.describe().startswith(f"one row: native kernel ({choice.isa})")
 
-    dropped = [Projection(w) for w in _weights()]
-    timer, _ = _timer(packed=1.0, transposed=SINGLE_ROW_MARGIN + 0.01)
+    dropped = [_projection(w) for w in _weights()]
+    timer, _ = _timer(packed=1.0, native_s=SINGLE_ROW_MARGIN + 0.01)
     choice = choose_single_row_kernel(dropped, threads=2, timer=timer)
-    assert choice is not None and not choice.transposed
-    assert all(p.transposed is None for p in dropped)
-    assert "transposed copies dropped" in choice.describe()
+    assert choice is not None and not choice.native
+    assert all(p.row_major is None for p in dropped)
+    assert "dropped" in choice.describe()
     for weight, p in zip(_weights(), dropped, strict=True):  # one row now goes packed
         x = torch.randn(1, weight.shape[1])
         assert torch.allclose(p(x), x @ weight.T, atol=1e-5)
@@ -77,11 +84,11 @@ def test_transposed_copies_stay_only_when_they_win_by_the_margin() -> None:
 
 def test_nothing_is_timed_where_there_is_no_choice() -> None:
     """float64 weights are not packed: plain ``F.linear``, no copy, no timing."""
-    plain = [Projection(w.double()) for w in _weights()]
-    timer, asked = _timer(packed=1.0, transposed=0.1)
+    plain = [_projection(w.double()) for w in _weights()]
+    timer, asked = _timer(packed=1.0, native_s=0.1)
     assert choose_single_row_kernel(plain, threads=2, timer=timer) is None
     assert asked == []
-    assert all(p.packed is None and p.transposed is None for p in plain)
+    assert all(p.packed is None and p.row_major is None for p in plain)
     x = torch.randn(1, 32, dtype=torch.float64)
     assert torch.allclose(plain[0](x), x @ _weights()[0].double().T)
 
@@ -90,17 +97,16 @@ def test_nothing_is_timed_where_there_is_no_choice() -> None:
 def test_timing_runs_on_its_own_thread_with_the_engines_thread_count() -> None:
     """The caller keeps its torch thread count; the passes ran with the one asked for."""
     seen: list[tuple[str, int]] = []
-    original = torch.Tensor.__matmul__
+    rowdot = native.load()
+    assert rowdot is not None
 
-    def spy(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    def spy(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         seen.append((threading.current_thread().name, torch.get_num_threads()))
-        return original(self, other)
+        return rowdot(x, weight)
 
-    projections = [Projection(w) for w in _weights()]
+    projections = [Projection(w, rowdot=spy) for w in _weights()]  # type: ignore[arg-type]
     before = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.Tensor, "__matmul__", spy)
-        seconds = fastest_pass(projections, "transposed", threads=1)
+    seconds = fastest_pass(projections, "native", threads=1)
     assert seconds > 0
     assert torch.get_num_threads() == before
     assert seen and all(s == ("projection-timing", 1) for s in seen)
@@ -131,12 +137,12 @@ def _fresh_bound():
 
 
 @pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN packs nothing")
-def test_a_model_tries_no_transposed_copies_without_the_memory_for_them(
+def test_a_model_keeps_no_row_major_weights_without_the_memory_for_them(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The bytes weighed are the projections' and the tied head's; with less memory
-    available than ROOM_FACTOR times them, no copy is made and nothing is timed, and one
-    row goes through the packed weights to the same result."""
+    available than ROOM_FACTOR times them, none is kept and nothing is timed, and one row
+    goes through the packed weights to the same result."""
     tiny = tiny_llama()
     weighed = sum(
         t.numel() * 4
@@ -150,14 +156,14 @@ def test_a_model_tries_no_transposed_copies_without_the_memory_for_them(
         return LlamaModel(tiny.config, tiny.state_dict, device="cpu", dtype=torch.float32)
 
     roomy = model_with(projection_module.ROOM_FACTOR * weighed)
-    assert roomy.single_row is not None  # copies made and timed (kept or not: the timing's)
+    assert roomy.single_row is not None  # kept and timed (staying or not: the timing's)
     with caplog.at_level("WARNING", logger=projection_module.__name__):
         short = model_with(projection_module.ROOM_FACTOR * weighed - 1)
     assert short.single_row is None
     projections = [(layer.qkv, layer.o, layer.gate_up, layer.down) for layer in short.layers]
-    assert all(p.transposed is None for four in projections for p in four)
-    assert short.lm_head.transposed is None
-    assert "no transposed copies tried" in caplog.text
+    assert all(p.row_major is None for four in projections for p in four)
+    assert short.lm_head.row_major is None
+    assert "the native kernel not tried" in caplog.text
     x = torch.randn(1, tiny.config.hidden_size)
     head = tiny.state_dict["model.embed_tokens.weight"]
     assert torch.allclose(short.lm_head(x), x @ head.T, atol=1e-5)

@@ -1,0 +1,76 @@
+"""The native kernel: ``x @ weight.T`` for any few rows and shapes, built once per machine,
+and a clear None where it cannot be built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.engine import native
+
+
+def _rowdot() -> native.RowDot:
+    rowdot = native.load()
+    assert rowdot is not None, "the native kernel did not build on this machine (see the log)"
+    return rowdot
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize(("n", "k"), [(1, 1), (7, 15), (33, 16), (96, 37), (576, 1536)])
+def test_rows_times_weight_transposed_for_every_shape(rows: int, n: int, k: int) -> None:
+    """Row counts around the kernel's groups of four, widths around its 16 lanes."""
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    x, weight = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    got = _rowdot()(x, weight)
+    expected = (x.double() @ weight.double().T).float()
+    assert got.shape == (rows, n)
+    assert torch.allclose(got, expected, atol=1e-5 * max(1, k) ** 0.5, rtol=1e-5)
+
+
+def test_a_strided_row_is_read_as_its_values() -> None:
+    """``x`` may be a view (a row of a wider batch): it is read by value, not by layout."""
+    wide = torch.randn(3, 64)
+    weight = torch.randn(8, 32)
+    x = wide[:, ::2]
+    assert torch.allclose(_rowdot()(x, weight), x @ weight.T, atol=1e-5)
+
+
+def test_inputs_it_cannot_take_are_refused_with_what_to_fix() -> None:
+    rowdot = _rowdot()
+    with pytest.raises(TypeError, match="float32"):
+        rowdot(torch.randn(1, 4, dtype=torch.float64), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="4 columns, the weight 5"):
+        rowdot(torch.randn(1, 4), torch.randn(2, 5))
+    with pytest.raises(ValueError, match="contiguous"):
+        rowdot(torch.randn(1, 4), torch.randn(4, 2).T)
+
+
+def test_a_build_is_made_once_and_reused(tmp_path: Path) -> None:
+    first = native._built(tmp_path)
+    made = first.stat().st_mtime_ns
+    assert native._built(tmp_path) == first
+    assert first.stat().st_mtime_ns == made
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left
+
+
+def test_without_a_compiler_there_is_no_kernel_and_the_log_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with caplog.at_level("WARNING", logger=native.__name__):
+        assert native.load.__wrapped__() is None
+    assert "no C compiler ('no-such-compiler'" in caplog.text
+
+
+def test_a_failed_build_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A compiler that fails (``false`` exits 1 for any arguments) raises, and neither a
+    library nor its temporary file stays to be loaded later."""
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="failed"):
+        native._built(tmp_path)
+    assert list(tmp_path.iterdir()) == []
