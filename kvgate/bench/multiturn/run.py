@@ -1,10 +1,15 @@
 """One ``kvgate bench multiturn --compare`` run, from starting the services to the written docs.
 
-Order: Postgres and SeaweedFS; a calibration worker times this machine
-(:mod:`kvgate.bench.multiturn.sizing`), from which a budgeted run sizes its measured turns
-(:mod:`kvgate.bench.multiturn.budget`); then each workload (``chat``, ``docqa``) is primed
-and played in every configuration (:mod:`kvgate.bench.multiturn.compare`); then the
-restore turns and the no-reuse pair.
+Order: the served model converted once (so that no worker start pays for it); Postgres and
+SeaweedFS; a calibration worker times this machine (:mod:`kvgate.bench.multiturn.sizing`),
+from which a budgeted run sizes its measured turns (:mod:`kvgate.bench.multiturn.budget`);
+then the restore turns and the no-reuse pair, whose sizes are fixed; then each workload
+(``chat``, ``docqa``) is primed and played in every configuration
+(:mod:`kvgate.bench.multiturn.compare`), its measured turns sized again after priming from
+the seconds really left. The fixed phases go first so that this second sizing reads their
+real length, not a prediction of it: a quick run that played them last had set 120 s
+aside for what took 88, and ended at 635 of its 900 s with 2 measured chat turns a
+configuration.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from kvgate.bench.multiturn.environment import (
     DOCS,
     kv_bytes_per_token,
     machine,
+    prepare_served_model,
     run_dir,
     served_model,
 )
@@ -76,7 +82,7 @@ QUICK = RunSpec(
                small_l2_tokens=1024, small_nas_tokens=4096,
                configs=tuple(c for c in CONFIGS if c != "gateway_shared")),
     ),
-    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=5, recompute=1),
+    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=11, recompute=1),
     no_reuse_requests=5, no_reuse_clients=1, budget_s=900,
 )  # fmt: skip
 #: The full run: idle conversations 8x the pool, 8 chat clients, every conversation played
@@ -146,17 +152,20 @@ def compare_run(
     }
     stopped: BaseException | None = None
     try:
+        phase = started
+        prepare_served_model()
+        phase = _phase_ended(data, "model", phase)
         with bench_stack.services(root, with_s3=data["object_store"]) as svc:
-            data["phase_seconds"]["services"] = time.perf_counter() - started
+            phase = _phase_ended(data, "services", phase)
             rates = _calibrate(svc, root, specs[0].clients if specs else 1)
             data["calibration"] = rates.as_dict()
-            data["phase_seconds"]["calibration"] = time.perf_counter() - started
+            _phase_ended(data, "calibration", phase)
             compares = {s.workload: Compare(svc, s, kv, root / "logs") for s in specs}
             costs = _size(spec, compares, rates, only, data)
+            _restore_and_no_reuse(svc, spec, kv, seed, root, data)
             for compare in compares.values():
                 refit = _refitter(spec, compares, costs, only, data, started, compare)
                 _play_workload(compare, only, data, refit)
-            _restore_and_no_reuse(svc, spec, kv, seed, root, data)
     except (SystemExit, KeyboardInterrupt) as exc:  # a time limit: report what was measured
         stopped = exc
         data["failures"]["stopped"] = (
@@ -176,6 +185,13 @@ def compare_run(
     if stopped is not None:
         raise stopped
     return data
+
+
+def _phase_ended(data: dict[str, Any], name: str, since: float) -> float:
+    """Record in ``data`` that phase ``name``, begun at ``since``, ended now; returns now."""
+    now = time.perf_counter()
+    data["phase_seconds"][name] = now - since
+    return now
 
 
 def spec_dict(spec: RunSpec, specs: list[Spec]) -> dict[str, Any]:
@@ -212,7 +228,8 @@ def _size(
         rates, spec.restore_lengths, spec.restore_repeats.restore, spec.restore_repeats.recompute
     )
     no_reuse_s = 0.0 if chat is None else budget.no_reuse_s(rates, chat, spec.no_reuse_requests)
-    fixed = data["phase_seconds"]["calibration"] + restore_s + no_reuse_s
+    spent = sum(data["phase_seconds"].values())  # the model, the services, the calibration
+    fixed = spent + restore_s + no_reuse_s
     if spec.budget_s:
         sizes = budget.fit(spec.budget_s, fixed, {w: (c, costs[w], configs_of(c, only)) for w, c in compares.items()})  # fmt: skip
     else:
@@ -221,10 +238,10 @@ def _size(
         compare.resize(sizes[wl])
     data["budget"] = {
         "budget_s": spec.budget_s,
-        # each phase once, so that their sum is the run's predicted length ("calibration":
-        # the seconds already spent, services' start included)
+        # each phase once, so that their sum is the run's predicted length ("spent": the
+        # seconds already gone when the run was sized)
         "predicted_s": {
-            "calibration": data["phase_seconds"]["calibration"],
+            "spent": spent,
             "restore": restore_s,
             "no_reuse": no_reuse_s,
             **{
@@ -255,9 +272,7 @@ def _refitter(
         names = list(compares)
         wl = compare.spec.workload
         later = [(compares[w], costs[w], configs_of(compares[w], only)) for w in names[names.index(wl) + 1 :]]  # fmt: skip
-        predicted = data["budget"]["predicted_s"]
-        left = spec.budget_s - (time.perf_counter() - started)
-        left -= predicted["restore"] + predicted["no_reuse"]
+        left = spec.budget_s - (time.perf_counter() - started)  # the fixed phases are done
         turns = budget.refit(left, (compare, costs[wl], configs_of(compare, only)), later)
         compare.resize(turns)
         data["budget"]["measured_turns"][wl] = turns
