@@ -274,6 +274,8 @@ class SeaweedPart(LateProcessPart):
             s.s3_dir.absolute(),
             access_key=s.s3_access_key.get_secret_value(),
             secret_key=s.s3_secret_key.get_secret_value(),
+            # the services start after SeaweedFS: its ports must not be theirs
+            avoid=(s.gateway_port, s.worker_port, s.tierd_metrics_port, s.prometheus_port),
         )
         endpoint = S3Endpoint(endpoint.url, endpoint.access_key, endpoint.secret_key, s.s3_region)
         return ProcessPart(

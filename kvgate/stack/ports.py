@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 LOCAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -52,13 +53,21 @@ _turn = itertools.count(random.randrange(1 << 20))
 _handed: set[int] = set()
 
 
-def free_ports(count: int, host: str = "127.0.0.1", *, grpc_offset: int = 0) -> list[int]:
+def free_ports(
+    count: int,
+    host: str = "127.0.0.1",
+    *,
+    grpc_offset: int = 0,
+    avoid: Collection[int] = (),
+) -> list[int]:
     """``count`` distinct free ports; with ``grpc_offset`` each ``port + offset`` is free too.
 
     SeaweedFS listens for gRPC on ``port + 10000`` unless told otherwise, so callers that
     cannot name every gRPC port ask for pairs. Both ports of a pair lie below the
-    ephemeral range when the machine leaves room for them there.
+    ephemeral range when the machine leaves room for them there. No port of a pair is in
+    ``avoid``: ports another part of the caller's stack will bind later, free right now.
     """
+    taken = _handed.union(avoid)
     band = ephemeral_range()[0] - grpc_offset - LOWEST  # how many ports p fit below it
     out: list[int] = []
     for _ in range(max(band, 0)):
@@ -66,12 +75,15 @@ def free_ports(count: int, host: str = "127.0.0.1", *, grpc_offset: int = 0) -> 
             break
         port = LOWEST + next(_turn) % band
         pair = (port, port + grpc_offset)
-        if not _handed.intersection(pair) and all(_is_free(host, p) for p in pair):
+        if not taken.intersection(pair) and all(_is_free(host, p) for p in pair):
             _handed.update(pair)
+            taken.update(pair)
             out.append(port)
     while len(out) < count:  # no room below the ephemeral range: let the kernel pick
         port = _kernel_pick(host)
-        if port not in out and port + grpc_offset <= 65535 and _is_free(host, port + grpc_offset):
+        pair = (port, port + grpc_offset)
+        if not taken.intersection(pair) and pair[1] <= 65535 and _is_free(host, pair[1]):
+            taken.update(pair)
             out.append(port)
     return out
 

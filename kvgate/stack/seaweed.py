@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,11 +133,13 @@ def weed_command(
     access_key: str = "kvgate",
     secret_key: str = "kvgate-secret",
     host: str = "127.0.0.1",
+    avoid: Collection[int] = (),
 ) -> tuple[list[str], S3Endpoint]:
     """The ``weed server -s3`` command line for ``data_dir`` and the endpoint it will serve.
 
     Writes the S3 identity file into ``data_dir`` and picks every port (HTTP and gRPC)
-    free, so several servers can run side by side. Starting and stopping the process is
+    free, so several servers can run side by side; none is in ``avoid`` (ports the rest of
+    the caller's stack will bind once SeaweedFS runs). Starting and stopping the process is
     the caller's job (``seaweed_s3`` below, or the ``kvgate up`` supervisor).
     """
     data_dir = Path(data_dir).absolute()
@@ -156,7 +158,7 @@ def weed_command(
             }
         )
     )
-    master, volume, filer, s3 = free_ports(4, host, grpc_offset=10000)
+    master, volume, filer, s3 = free_ports(4, host, grpc_offset=10000, avoid=avoid)
     cmd = [
         weed_binary(),
         "server",

@@ -8,6 +8,7 @@ attach any (409), and cold storage waits for the tiers to be attached (409)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -75,18 +76,34 @@ async def test_detached_tiers_neither_take_nor_give_pages_and_attached_they_do_a
     assert never_offered["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-async def test_the_tiers_stay_as_they_are_while_a_request_runs(engine: TorchEngine) -> None:
+async def test_the_tiers_stay_as_they_are_while_a_request_runs(
+    engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After its first token the request is held: the engine's steps do nothing until the
+    # test lets it go, so it is still running when the test asks, however fast the model.
+    held, real_step = threading.Event(), engine.scheduler.step
+    released = threading.Event()
+
+    def step() -> None:
+        if not held.is_set():
+            real_step()
+            held.set()
+        elif released.is_set():
+            real_step()
+
+    monkeypatch.setattr(engine.scheduler, "step", step)
     request = GenerateRequest(
         rid=f"busy-{uuid.uuid4().hex}",
         input_ids=tuple(range(100, 140)),
-        # long enough that it still runs when the test asks (the tiny model decodes fast)
-        sampling=SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True),
+        sampling=SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
     )
     stream = engine.generate(request)
     await anext(stream)  # running now
     assert engine.attach_tiers(False) is False
     assert engine.tiers_attached
-    await stream.aclose()  # aborts it
+    released.set()
+    assert [event.finish_reason async for event in stream][-1] == "length"
+    assert engine.attach_tiers(True), "idle again, the worker takes the change"
 
 
 @pytest.mark.parametrize(

@@ -42,3 +42,18 @@ def test_with_no_room_below_the_range_the_kernel_picks(monkeypatch: pytest.Monke
     for port in picked:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_ports_to_avoid_are_passed_over_with_their_grpc_pairs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # what `kvgate up` does: SeaweedFS, started first, must not pick the ports of the
+    # services that bind theirs after it (the gateway's, tierd's metrics...)
+    start = ports.free_port()
+    monkeypatch.setattr(ports, "_handed", set())
+    monkeypatch.setattr(ports, "_turn", itertools.count(start - ports.LOWEST))
+    avoid = {start, start + 1 + 10000}  # the first port, the second one's gRPC pair
+    picked = ports.free_ports(2, grpc_offset=10000, avoid=avoid)
+    for port in picked:
+        assert not avoid.intersection((port, port + 10000))
+    assert not avoid & ports._handed, "an avoided port is not handed out later either"
