@@ -3,8 +3,10 @@
 The conversations are primed once: the ``host`` worker plays their first turns, and the
 KV it writes through to the NAS (with its ledger rows) is what every other configuration
 starts from, each on a copy of its own (:func:`stack.snapshot`): the same histories, the
-same pages, and none of another configuration's later pages. Then each configuration
-plays the same measured follow-up turns from the same point:
+same pages, and none of another configuration's later pages. Then every configuration is
+up at once and they play the same measured follow-up turns from the same point, round by
+round (:mod:`kvgate.bench.multiturn.interleave`), so that the machine's drift weighs on all
+alike:
 
 - ``infinite``: the ideal. A pool that holds every history the run will have; the primed
   histories are brought into it from the NAS before the clock starts, and nothing is ever
@@ -30,8 +32,7 @@ import asyncio
 import contextlib
 import os
 import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import httpx
 from gateway.router import Router
 from kvgate.bench.multiturn import noreuse, restore, sizing, stack
 from kvgate.bench.multiturn.driver import History, Plan, Result, Target, model_of, run, send
+from kvgate.bench.multiturn.interleave import Served, interleave
 from kvgate.bench.multiturn.metrics import Summary, summarize
 from kvgate.bench.multiturn.workload import WORKLOADS, Shape, Turn, conversations, words
 from kvgate.models.registry import DEFAULT_MODEL
@@ -93,7 +95,10 @@ class ConfigRun:
     name: str
     summary: Summary
     results: list[Result]
+    #: the sum of its turns' seconds
     seconds: float
+    #: why it stopped before its last measured turn ("" when it played them all)
+    failure: str = ""
 
 
 class Compare:
@@ -151,10 +156,12 @@ class Compare:
         self._last_turn = last
 
     # --- priming ---------------------------------------------------------------------------
-    def prime_and_host(self, primed: Callable[[], None] = lambda: None) -> ConfigRun:
+    @contextlib.contextmanager
+    def priming(self, primed: Callable[[], None] = lambda: None) -> Iterator[Served]:
         """Prime on the ``host`` worker (first turns, reported as :attr:`first_turns`),
         keep a copy of its NAS and ledger as the primed site, call ``primed`` (a budgeted
-        run sizes its measured turns there), then play ``host``'s measured turns on it."""
+        run sizes its measured turns there), then yield ``host`` to be played; its worker
+        stops when the block ends."""
         room = int(self.working_set_tokens() * HOST_ALL_SLACK) + self.pool_tokens
         site = self._site("host", tier_host_bytes=room * self.kv_bytes)
         with stack.worker("host", "host,nas", site, self.log_dir / "host") as url:
@@ -169,35 +176,30 @@ class Compare:
             # frozen here: host's own measured turns must not leave pages the others find
             self._primed_site = stack.snapshot(self.svc, site, f"{self.spec.workload}_primed")
             primed()
-            return self._play("host", self._target(url))
+            yield Served("host", self._target(url), drain_urls=(url,))
 
-    # --- one configuration -----------------------------------------------------------------
-    def play(self, name: str) -> ConfigRun:
-        """``name``'s measured turns (``host`` is played by :meth:`prime_and_host`), after a
-        warm-up request on each fresh worker (``infinite``'s is warm from bringing in its
-        histories, and its pool has no page to spare for another prompt)."""
-        with self._serving(name) as (target, headers_for):
+    # --- the other configurations ----------------------------------------------------------
+    @contextlib.contextmanager
+    def serving(self, name: str) -> Iterator[Served]:
+        """``name`` (not ``host``: see :meth:`priming`) up and warm for the block: a warm-up
+        request on each fresh worker (``infinite``'s is warm from bringing in its histories,
+        and its pool has no page to spare for another prompt)."""
+        with self._serving(name) as served:
             if name != "infinite":
                 tokens = min(WARM_UP_TOKENS, self.pool_tokens // 2)
-                asyncio.run(warm_up(target, headers_for, tokens, self.spec.seed))
-            return self._play(name, target, headers_for)
+                asyncio.run(warm_up(served.target, served.headers_for, tokens, self.spec.seed))
+            yield served
 
-    def _play(
-        self,
-        name: str,
-        target: Target,
-        headers_for: Callable[[str, int], dict[str, str]] | None = None,
-    ) -> ConfigRun:
-        histories = [h.copy() for h in self.primed]
-        plan = Plan(self.spec.clients, len(histories), 0, self.measured)
-        # Priming and the configurations before leave hundreds of MB of NAS pages dirty in
-        # the page cache; the kernel writes them back ~30 s later, on the cores of whatever
-        # runs then. Written now, before the clock starts: the configuration measured right
-        # after priming (host, or infinite after it) ran up to 1.8x slower per token without.
-        os.sync()
-        start = time.perf_counter()
-        results = asyncio.run(run(target, histories, plan, headers_for=headers_for))
-        return ConfigRun(name, summarize(results), results, time.perf_counter() - start)
+    def play(self, served: Sequence[Served]) -> dict[str, ConfigRun]:
+        """The measured turns of every configuration of ``served``, played in rounds (see
+        :mod:`kvgate.bench.multiturn.interleave`) from the primed histories."""
+        played = interleave(served, self.primed, self.measured, self.spec.clients)
+        return {
+            name: ConfigRun(
+                name, summarize(p.results, seconds=p.seconds), p.results, p.seconds, p.failure
+            )
+            for name, p in played.items()
+        }
 
     def _target(self, url: str) -> Target:
         return Target(url, cache_salt=self.salt)
@@ -215,12 +217,12 @@ class Compare:
         return replace(site, env=site.env | env)
 
     @contextlib.contextmanager
-    def _serving(self, name: str) -> Iterator[tuple[Target, Callable | None]]:
+    def _serving(self, name: str) -> Iterator[Served]:
         logs = self.log_dir / name
         small_l2 = self.spec.small_l2_tokens * self.kv_bytes
         if name == "recompute":
             with stack.worker(name, "", self._site(name), logs) as url:
-                yield self._target(url), None
+                yield Served(name, self._target(url))
         elif name == "infinite":
             pool = sizing.infinite_pool_tokens(
                 self.workload, self.primed, self.spec.clients, self._last_turn
@@ -231,11 +233,11 @@ class Compare:
             )  # fmt: skip
             with stack.worker(name, "host,nas", site, logs) as url:
                 self._bring_in(url)
-                yield self._target(url), None
+                yield Served(name, self._target(url))  # write-through off: nothing goes down
         elif name == "nas":
             site = self._from_primed(name, tier_host_bytes=small_l2)
             with stack.worker(name, "host,nas", site, logs) as url:
-                yield self._target(url), None
+                yield Served(name, self._target(url), drain_urls=(url,))
         elif name == "object":
             nas = self.spec.small_nas_tokens * self.kv_bytes
             site = self._from_primed(
@@ -244,7 +246,7 @@ class Compare:
             )  # fmt: skip
             restore.demote_everything(site, logs)
             with stack.tierd(site, logs), stack.worker(name, "host,nas,object", site, logs) as url:
-                yield self._target(url), None
+                yield Served(name, self._target(url), drain_urls=(url,))
         elif name == "gateway_shared":
             with self._gateway_shared(small_l2, logs) as served:
                 yield served
@@ -263,17 +265,20 @@ class Compare:
             raise RuntimeError(f"bringing the histories into infinite failed: {errors[0]}")
 
     @contextlib.contextmanager
-    def _gateway_shared(self, small_l2: int, logs: Path) -> Iterator[tuple[Target, Callable]]:
+    def _gateway_shared(self, small_l2: int, logs: Path) -> Iterator[Served]:
         site = self._from_primed("gateway_shared", tier_host_bytes=small_l2)
         cores = max(1, (os.cpu_count() or 1) // len(GATEWAY_WORKERS))
         site = replace(site, env=site.env | {"OMP_NUM_THREADS": str(cores)})
         model = load_settings().worker_model or DEFAULT_MODEL  # the id the workers serve
         with (
-            stack.registered_workers(GATEWAY_WORKERS, "host,nas,object", model, site, logs),
+            stack.registered_workers(
+                GATEWAY_WORKERS, "host,nas,object", model, site, logs
+            ) as workers,
             stack.gateway(site, logs) as url,
         ):
             target = Target(url, api_key=stack.api_key(site, self.salt), model=model)
-            yield target, alternating_sessions(model, GATEWAY_WORKERS)
+            sessions = alternating_sessions(model, GATEWAY_WORKERS)
+            yield Served("gateway_shared", target, sessions, drain_urls=tuple(workers))
 
 
 #: the turn that brings a history into ``infinite``'s pool

@@ -14,6 +14,7 @@ configuration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,16 +22,17 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 
 from kvgate.bench.multiturn import budget, floors, sizing
 from kvgate.bench.multiturn import restore as restore_pair
 from kvgate.bench.multiturn import stack as bench_stack
-from kvgate.bench.multiturn.compare import CONFIGS, OBJECT_CONFIGS, Compare, Spec
+from kvgate.bench.multiturn.compare import CONFIGS, OBJECT_CONFIGS, Compare
 from kvgate.bench.multiturn.docs import provenance, write_docs
 from kvgate.bench.multiturn.environment import (
     DOCS,
@@ -42,61 +44,9 @@ from kvgate.bench.multiturn.environment import (
 )
 from kvgate.bench.multiturn.noreuse import play_pair, wave_count
 from kvgate.bench.multiturn.report import figures, markdown_table, physics, plots, verdicts
+from kvgate.bench.multiturn.specs import FULL, QUICK, RunSpec, spec_dict
 from kvgate.bench.multiturn.workload import WORKLOADS, conversations
 from kvgate.bench.output import source_commit
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """A whole comparison: its workloads, the restore turns, the no-reuse pair, the budget."""
-
-    workloads: tuple[Spec, ...]
-    restore_lengths: tuple[int, ...]
-    restore_repeats: restore_pair.Repeats
-    #: first turns of fresh chat conversations per side, in waves of ``no_reuse_clients``
-    no_reuse_requests: int
-    no_reuse_clients: int
-    #: seconds the whole run may take (0: no budget, every spec's ``measured`` as given)
-    budget_s: float
-
-
-def _chat(**kw: Any) -> Spec:
-    return Spec(workload="chat", shape=WORKLOADS["chat"], **kw)
-
-
-def _docqa(**kw: Any) -> Spec:
-    return Spec(workload="docqa", shape=WORKLOADS["docqa"], **kw)
-
-
-#: The quick run: 15 minutes on a 2-core machine of 70 GFLOP/s, where one chat answer is
-#: ten seconds of decoding and a docqa document a minute of prefill. One client per
-#: workload (priming costs what the pool holds, and the pool holds what the clients need);
-#: chat's idle histories add up to 3x the pool, docqa's documents to 1.5x (more than the
-#: pool holds: a 4k document each is what makes the run minutes long); docqa leaves the
-#: cross-worker check to chat. The measured turns are what the budget leaves.
-QUICK = RunSpec(
-    workloads=(
-        _chat(clients=1, conversations=64, idle_over_pool=3, measured=8,
-              small_l2_tokens=1024, small_nas_tokens=4096),
-        _docqa(clients=1, conversations=32, idle_over_pool=1.5, measured=4,
-               small_l2_tokens=1024, small_nas_tokens=4096,
-               configs=tuple(c for c in CONFIGS if c != "gateway_shared")),
-    ),
-    restore_lengths=(4000,), restore_repeats=restore_pair.Repeats(restore=11, recompute=1),
-    no_reuse_requests=5, no_reuse_clients=1, budget_s=900,
-)  # fmt: skip
-#: The full run: idle conversations 8x the pool, 8 chat clients, every conversation played
-#: one measured turn; about an hour and more on 2 CPU cores.
-FULL = RunSpec(
-    workloads=(
-        _chat(clients=8, conversations=200, idle_over_pool=8, measured=10_000,
-              small_l2_tokens=2048, small_nas_tokens=8192),
-        _docqa(clients=2, conversations=100, idle_over_pool=8, measured=10_000,
-               small_l2_tokens=2048, small_nas_tokens=8192),
-    ),
-    restore_lengths=(1000, 4000, 7000), restore_repeats=restore_pair.Repeats(),
-    no_reuse_requests=56, no_reuse_clients=8, budget_s=0,
-)  # fmt: skip
 
 
 def compare_run(
@@ -194,13 +144,6 @@ def _phase_ended(data: dict[str, Any], name: str, since: float) -> float:
     return now
 
 
-def spec_dict(spec: RunSpec, specs: list[Spec]) -> dict[str, Any]:
-    """``spec`` for JSON, with the workloads played (``specs``) by name."""
-    out = asdict(spec)
-    out["workloads"] = {s.workload: asdict(s) for s in specs}
-    return out
-
-
 def _calibrate(svc: bench_stack.Services, root: Any, clients: int) -> sizing.Rates:
     """Time this machine on a worker of its own (no tiers, the default pool)."""
     click.echo("--- calibration", err=True)
@@ -287,14 +230,25 @@ def configs_of(compare: Compare, only: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c for c in only if c in compare.spec.configs)
 
 
+#: what starting a configuration may raise: it is reported, and the run goes on without it
+_START_FAILURES = (
+    bench_stack.PartError,
+    OSError,
+    RuntimeError,
+    subprocess.CalledProcessError,
+    httpx.HTTPError,
+)
+
+
 def _play_workload(
     compare: Compare,
     only: tuple[str, ...],
     data: dict[str, Any],
     primed: Callable[[], None] = lambda: None,
 ) -> None:
-    """Prime ``compare``'s workload, call ``primed``, and play each configuration in
-    ``only``, into ``data["workloads"]``."""
+    """Prime ``compare``'s workload, call ``primed``, start every configuration in ``only``
+    beside the primer and play their measured turns in rounds, into ``data["workloads"]``
+    (``config_seconds``: each one's start plus its own turns)."""
     wl = compare.spec.workload
     click.echo(f"=== {wl}: {len(compare.workload)} conversations, pool {compare.pool_tokens} tokens, "
                f"{compare.measured} measured turns per configuration", err=True)  # fmt: skip
@@ -311,24 +265,36 @@ def _play_workload(
     }
     data["workloads"][wl] = out  # filled as it goes: a stopped run still reports it
     only = configs_of(compare, only)
-    order = ["host", *(c for c in only if c != "host")]  # host primes
-    for name in order:
-        click.echo(f"--- {wl} {name}", err=True)
+    with contextlib.ExitStack() as up:
+        click.echo(f"--- {wl} host (priming)", err=True)
         start = time.perf_counter()
         try:
-            result = compare.prime_and_host(primed) if name == "host" else compare.play(name)
-        except (bench_stack.PartError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-            data["failures"][f"{wl}.{name}"] = str(exc)
-            click.echo(f"{wl} {name} failed: {exc}", err=True)
-            if name == "host":
-                break  # nothing primed: the others have nothing to start from
-            continue
-        out["config_seconds"][name] = time.perf_counter() - start
-        if name == "host" and compare.first_turns is not None:
+            served = [up.enter_context(compare.priming(primed))]
+        except _START_FAILURES as exc:
+            data["failures"][f"{wl}.host"] = str(exc)
+            click.echo(f"{wl} host failed: {exc}", err=True)
+            return  # nothing primed: the others have nothing to start from
+        starts = {"host": time.perf_counter() - start}
+        if compare.first_turns is not None:
             out["first_turns"] = compare.first_turns.as_dict()
             out["idle_tokens"] = compare.served_idle_tokens()  # as the server counted them
             out["idle_over_pool"] = out["idle_tokens"] / compare.pool_tokens
-        if name in only:
+        for name in (c for c in only if c != "host"):
+            click.echo(f"--- {wl} {name} (starting)", err=True)
+            start = time.perf_counter()
+            try:
+                served.append(up.enter_context(compare.serving(name)))
+            except _START_FAILURES as exc:
+                data["failures"][f"{wl}.{name}"] = str(exc)
+                click.echo(f"{wl} {name} failed: {exc}", err=True)
+                continue
+            starts[name] = time.perf_counter() - start
+        served = [s for s in served if s.name in only]  # host primes even when not compared
+        click.echo(f"--- {wl}: {', '.join(s.name for s in served)}, in rounds", err=True)
+        for name, result in compare.play(served).items():
+            if result.failure:
+                data["failures"][f"{wl}.{name}"] = result.failure
+            out["config_seconds"][name] = starts[name] + result.seconds
             out["configs"][name] = result.summary.as_dict()
             s = result.summary
             click.echo(f"{wl} {name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "

@@ -24,7 +24,7 @@ from kvgate.bench.multiturn.driver import History, Plan, Result, Target, model_o
 from kvgate.bench.multiturn.environment import machine
 from kvgate.bench.multiturn.metrics import percentile, summarize
 from kvgate.bench.multiturn.report import TARGETS, markdown_table, physics, verdicts
-from kvgate.bench.multiturn.run import QUICK, spec_dict
+from kvgate.bench.multiturn.specs import QUICK, spec_dict
 from kvgate.bench.multiturn.workload import (
     WORDS,
     WORKLOADS,

@@ -1,0 +1,86 @@
+"""Measured turns played round by round: the rotation, the rounds, and real workers playing
+every configuration's turns in the order a closed loop over the histories would."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvgate.bench.multiturn import interleave as rounds
+from kvgate.bench.multiturn import noreuse, stack
+from kvgate.bench.multiturn.driver import History, Plan, Target, run
+from kvgate.bench.multiturn.interleave import Served, interleave, requests_per_round, rotation
+from kvgate.bench.multiturn.noreuse import write_queue
+from kvgate.bench.multiturn.workload import Shape, conversations
+from tests.support.bench import tiny_site
+
+SMALL = Shape(
+    common_prefix=48,
+    unique_prefix_mean=100,
+    unique_prefix_max=160,
+    user_tokens=(16, 24),
+    answer_tokens=(4, 6),
+    turns=(4, 4),
+)
+
+
+def test_each_configuration_goes_first_in_turn() -> None:
+    names = ["a", "b", "c"]
+    orders = [rotation(names, r) for r in range(6)]
+    assert orders[:3] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert orders[3:] == orders[:3]
+    assert rotation([], 4) == []
+
+
+def test_rounds_are_one_request_per_client_and_the_rest_last() -> None:
+    assert requests_per_round(7, 3) == [3, 3, 1]
+    assert requests_per_round(6, 2) == [2, 2, 2]
+    assert requests_per_round(1, 1) == [1]
+    for measured, clients in ((0, 1), (3, 0)):
+        with pytest.raises(ValueError, match="at least one"):
+            requests_per_round(measured, clients)
+
+
+def test_real_workers_play_the_closed_loops_turns_in_rounds_and_a_dead_one_drops_out(
+    tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drained = noreuse.drained
+    queue_after_turn: list[float] = []
+
+    async def recorded_drain(url: str) -> None:  # the real wait, then what the worker says
+        await drained(url)
+        async with httpx.AsyncClient() as client:
+            queue_after_turn.append(write_queue((await client.get(f"{url}/metrics")).text))
+
+    monkeypatch.setattr(rounds.noreuse, "drained", recorded_drain)
+    convs = conversations(3, SMALL, seed=11)
+    site = tiny_site(tmp_path / "nas", smollm2_gguf, KVGATE_TIER_HOST_BYTES=str(1 << 30))
+    with stack.worker("rounds", "host,nas", site, tmp_path / "logs") as url:
+        primed = [History(c) for c in convs]
+        first = run(Target(url, cache_salt="prime"), primed, Plan(1, 3, 0, 3), progress=False)
+        assert not [r.error for r in asyncio.run(first) if r.error]
+        # the order a closed loop of one client over the primed histories plays
+        alone = [h.copy() for h in primed]
+        expected = asyncio.run(
+            run(Target(url, cache_salt="loop"), alone, Plan(1, 3, 0, 5), progress=False)
+        )
+        served = [
+            Served("tiered", Target(url, cache_salt="tiered"), drain_urls=(url,)),
+            Served("dead", Target("http://127.0.0.1:9", cache_salt="dead")),
+            Served("plain", Target(url, cache_salt="plain")),
+        ]
+        played = interleave(served, primed, measured=5, clients=1)
+    order = [(r.cid, r.turn) for r in expected]
+    for name in ("tiered", "plain"):
+        p = played[name]
+        assert p.failure == ""
+        assert [(r.cid, r.turn) for r in p.results] == order
+        assert not [r.error for r in p.results if r.error]
+        assert sum(r.latency for r in p.results) <= p.seconds
+    assert [h.next_turn for h in primed] == [1, 1, 1]  # each played a copy of its own
+    assert played["dead"].failure.startswith("round 1:") and not played["dead"].results
+    # the tiered configuration's turns each ended with its write-behind empty
+    assert queue_after_turn == [0.0] * 5
