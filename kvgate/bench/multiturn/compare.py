@@ -42,7 +42,7 @@ import httpx
 from gateway.router import Router
 from kvgate.bench.multiturn import noreuse, restore, sizing, stack
 from kvgate.bench.multiturn.driver import History, Plan, Result, Target, model_of, run, send
-from kvgate.bench.multiturn.interleave import Served, interleave
+from kvgate.bench.multiturn.interleave import Played, Served, interleave
 from kvgate.bench.multiturn.metrics import Summary, summarize
 from kvgate.bench.multiturn.workload import WORKLOADS, Shape, Turn, conversations, words
 from kvgate.models.registry import DEFAULT_MODEL
@@ -86,19 +86,6 @@ class Spec:
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; pick from {sorted(WORKLOADS)}")
-
-
-@dataclass
-class ConfigRun:
-    """One configuration's measured turns."""
-
-    name: str
-    summary: Summary
-    results: list[Result]
-    #: the sum of its turns' seconds
-    seconds: float
-    #: why it stopped before its last measured turn ("" when it played them all)
-    failure: str = ""
 
 
 class Compare:
@@ -190,16 +177,15 @@ class Compare:
                 asyncio.run(warm_up(served.target, served.headers_for, tokens, self.spec.seed))
             yield served
 
-    def play(self, served: Sequence[Served]) -> dict[str, ConfigRun]:
+    def play(
+        self,
+        served: Sequence[Served],
+        after_round: Callable[[dict[str, Played]], None] = lambda played: None,
+    ) -> dict[str, Played]:
         """The measured turns of every configuration of ``served``, played in rounds (see
-        :mod:`kvgate.bench.multiturn.interleave`) from the primed histories."""
-        played = interleave(served, self.primed, self.measured, self.spec.clients)
-        return {
-            name: ConfigRun(
-                name, summarize(p.results, seconds=p.seconds), p.results, p.seconds, p.failure
-            )
-            for name, p in played.items()
-        }
+        :mod:`kvgate.bench.multiturn.interleave`) from the primed histories; ``after_round``
+        sees them at the end of each round."""
+        return interleave(served, self.primed, self.measured, self.spec.clients, after_round)
 
     def _target(self, url: str) -> Target:
         return Target(url, cache_salt=self.salt)

@@ -30,6 +30,7 @@ import httpx
 
 from kvgate.bench.multiturn import noreuse
 from kvgate.bench.multiturn.driver import History, Plan, Result, Target, run
+from kvgate.bench.multiturn.metrics import Summary, summarize
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class Played:
     seconds: float = 0.0
     #: why it stopped before its last round ("" while it plays)
     failure: str = ""
+
+    def summary(self) -> Summary:
+        """Its figures, requests/s over its own turns' seconds."""
+        return summarize(self.results, seconds=self.seconds)
 
 
 def rotation(names: Sequence[str], round_no: int) -> list[str]:
@@ -93,12 +98,18 @@ async def play_turn(
 
 
 def interleave(
-    served: Sequence[Served], primed: Sequence[History], measured: int, clients: int
+    served: Sequence[Served],
+    primed: Sequence[History],
+    measured: int,
+    clients: int,
+    after_round: Callable[[dict[str, Played]], None] = lambda played: None,
 ) -> dict[str, Played]:
     """Play ``measured`` turns per configuration of ``served``, each on its own copy of
     ``primed``, in rounds of ``clients`` requests (see the module docstring). A
     configuration whose turn fails to complete (its server gone, its write-behind stuck)
-    keeps what it measured, records why, and sits out the rounds after."""
+    keeps what it measured, records why, and sits out the rounds after. ``after_round`` is
+    given what every configuration has played so far at the end of each round, so a run
+    stopped mid-way still has the rounds it finished."""
     played = {s.name: Played() for s in served}
     histories = {s.name: [h.copy() for h in primed] for s in served}
     by_name = {s.name: s for s in served}
@@ -113,4 +124,5 @@ def interleave(
                 continue
             played[name].results += results
             played[name].seconds += seconds
+        after_round(played)
     return played

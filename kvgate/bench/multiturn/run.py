@@ -42,6 +42,7 @@ from kvgate.bench.multiturn.environment import (
     run_dir,
     served_model,
 )
+from kvgate.bench.multiturn.interleave import Played
 from kvgate.bench.multiturn.noreuse import play_pair, wave_count
 from kvgate.bench.multiturn.report import figures, markdown_table, physics, plots, verdicts
 from kvgate.bench.multiturn.specs import FULL, QUICK, RunSpec, spec_dict
@@ -291,12 +292,17 @@ def _play_workload(
             starts[name] = time.perf_counter() - start
         served = [s for s in served if s.name in only]  # host primes even when not compared
         click.echo(f"--- {wl}: {', '.join(s.name for s in served)}, in rounds", err=True)
-        for name, result in compare.play(served).items():
-            if result.failure:
-                data["failures"][f"{wl}.{name}"] = result.failure
-            out["config_seconds"][name] = starts[name] + result.seconds
-            out["configs"][name] = result.summary.as_dict()
-            s = result.summary
+
+        def record(played: dict[str, Played]) -> None:  # each round: a stop keeps the rounds done
+            for name, p in played.items():
+                if p.failure:
+                    data["failures"][f"{wl}.{name}"] = p.failure
+                if p.results:
+                    out["config_seconds"][name] = starts[name] + p.seconds
+                    out["configs"][name] = p.summary().as_dict()
+
+        for name, p in compare.play(served, record).items():
+            s = p.summary()
             click.echo(f"{wl} {name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
                        f"cached {s.cached_ratio:.0%}, errors {s.errors}", err=True)  # fmt: skip
     out["configs"] = {c: out["configs"][c] for c in CONFIGS if c in out["configs"]}

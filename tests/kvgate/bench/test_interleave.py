@@ -72,7 +72,16 @@ def test_real_workers_play_the_closed_loops_turns_in_rounds_and_a_dead_one_drops
             Served("dead", Target("http://127.0.0.1:9", cache_salt="dead")),
             Served("plain", Target(url, cache_salt="plain")),
         ]
-        played = interleave(served, primed, measured=5, clients=1)
+        rounds_seen: list[dict[str, tuple[int, bool]]] = []
+        played = interleave(
+            served,
+            primed,
+            measured=5,
+            clients=1,
+            after_round=lambda so_far: rounds_seen.append(
+                {n: (len(p.results), bool(p.failure)) for n, p in so_far.items()}
+            ),
+        )
     order = [(r.cid, r.turn) for r in expected]
     for name in ("tiered", "plain"):
         p = played[name]
@@ -84,3 +93,8 @@ def test_real_workers_play_the_closed_loops_turns_in_rounds_and_a_dead_one_drops
     assert played["dead"].failure.startswith("round 1:") and not played["dead"].results
     # the tiered configuration's turns each ended with its write-behind empty
     assert queue_after_turn == [0.0] * 5
+    # each round's end saw the turns played so far, so a stopped run keeps them
+    assert rounds_seen == [
+        {"tiered": (k, False), "dead": (0, True), "plain": (k, False)} for k in range(1, 6)
+    ]
+    assert played["plain"].summary().requests == 5
