@@ -122,7 +122,10 @@ class LlamaModel:
         tied = config.tie_word_embeddings or "lm_head.weight" not in state_dict
         head = "model.embed_tokens.weight" if tied else "lm_head.weight"
         projected = [n for n in state_dict if n.endswith("_proj.weight") or n == head]
-        rowdot = native.load() if self.device.type == "cpu" and dtype == torch.float32 else None
+        kernels = native.load() if self.device.type == "cpu" and dtype == torch.float32 else None
+        #: the compiled RMS norm (None: torch's)
+        self._rms_norm = None if kernels is None else kernels.rms_norm
+        rowdot = None if kernels is None else kernels.rowdot
         if rowdot is not None and not room_for_row_major(
             sum(state_dict[n].numel() for n in projected) * dtype.itemsize
         ):
@@ -191,6 +194,8 @@ class LlamaModel:
         return self._widened[: math.prod(shape)].view(shape).copy_(gathered)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._rms_norm is not None:
+            return self._rms_norm(x, weight, self.config.rms_norm_eps)
         return F.rms_norm(x, weight.shape, weight, self.config.rms_norm_eps)
 
     def _rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

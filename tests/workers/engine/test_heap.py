@@ -18,7 +18,7 @@ import pytest
 
 from kvgate.wiring import engine as wiring
 
-#: Minor page faults of each of three prefills of the same 1,024-token prompt.
+#: Minor page faults of each of five prefills of the same 2,048-token prompt.
 SCRIPT = """
 import asyncio, json, resource, sys
 from kvgate.bench.engine import engine_prefill_tps, random_prompts
@@ -31,9 +31,9 @@ loaded = load_model(options)
 
 async def main():
     with running_engine(loaded, options) as engine:
-        prompt = random_prompts(1, 1024, loaded.config.vocab_size, 1)[0]
+        prompt = random_prompts(1, 2048, loaded.config.vocab_size, 1)[0]
         faults = []
-        for _ in range(3):
+        for _ in range(5):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             await engine_prefill_tps(engine, prompt)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -58,11 +58,13 @@ def _prefill_faults(setup: str, gguf: Path) -> list[int]:
 
 def test_a_warm_prefill_faults_in_no_pages_in_a_serving_process(smollm2_gguf: Path) -> None:
     """Without the settings glibc returned a prefill's temporaries to the kernel and the
-    next prefill faulted them in again (~20,000 pages for 1,024 tokens of SmolLM2); with
-    them, once warm, it faults next to none."""
+    next prefills faulted them in again (16,000-43,000 pages in three of the four warm
+    prefills of 2,048 tokens of SmolLM2, though one faulted only 49: how much glibc gives
+    back depends on where each temporary falls); with them, once warm, each faults next
+    to none."""
     plain = _prefill_faults("cores-only", smollm2_gguf)
     serving = _prefill_faults("serving", smollm2_gguf)
-    assert min(plain[1:]) > 5_000, plain  # the test can tell the difference
+    assert sum(plain[1:]) > 20_000, plain  # the test can tell the difference
     assert max(serving[1:]) < 500, serving
 
 

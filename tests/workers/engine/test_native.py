@@ -1,5 +1,5 @@
-"""The native kernel: ``x @ weight.T`` for any few rows and shapes, built once per machine,
-and a clear None where it cannot be built."""
+"""The native kernels: ``x @ weight.T`` for any few rows and shapes and the RMS norm of
+rows, built once per machine, and a clear None where they cannot be built."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from workers.engine import native
 
 
+def _kernels() -> native.Kernels:
+    kernels = native.load()
+    assert kernels is not None, "the native kernels did not build on this machine (see the log)"
+    return kernels
+
+
 def _rowdot() -> native.RowDot:
-    rowdot = native.load()
-    assert rowdot is not None, "the native kernel did not build on this machine (see the log)"
-    return rowdot
+    return _kernels().rowdot
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
@@ -45,6 +50,34 @@ def test_inputs_it_cannot_take_are_refused_with_what_to_fix() -> None:
         rowdot(torch.randn(1, 4), torch.randn(2, 5))
     with pytest.raises(ValueError, match="contiguous"):
         rowdot(torch.randn(1, 4), torch.randn(4, 2).T)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 200])
+@pytest.mark.parametrize("n", [1, 15, 576])
+def test_rms_norm_is_torchs_for_every_row_count_and_width(rows: int, n: int) -> None:
+    """Row counts on both sides of where the rows are spread over threads."""
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    x, weight = torch.randn(rows, n, generator=g) * 3, torch.randn(n, generator=g)
+    got = _kernels().rms_norm(x, weight, 1e-5)
+    assert got.shape == x.shape
+    assert torch.allclose(got, F.rms_norm(x, (n,), weight, 1e-5), atol=1e-6, rtol=1e-5)
+
+
+def test_rms_norm_reads_views_by_value_and_keeps_leading_dimensions() -> None:
+    wide = torch.randn(2, 5, 64)
+    weight = torch.randn(32)
+    x = wide[..., ::2]
+    got = _kernels().rms_norm(x, weight, 1e-6)
+    assert got.shape == (2, 5, 32)
+    assert torch.allclose(got, F.rms_norm(x, (32,), weight, 1e-6), atol=1e-6)
+
+
+def test_rms_norm_refuses_what_it_cannot_take_with_what_to_fix() -> None:
+    norm = _kernels().rms_norm
+    with pytest.raises(TypeError, match="float32"):
+        norm(torch.randn(1, 4, dtype=torch.float64), torch.randn(4), 1e-5)
+    with pytest.raises(ValueError, match="rows of 4, the weight shape \\(5,\\)"):
+        norm(torch.randn(1, 4), torch.randn(5), 1e-5)
 
 
 def test_a_build_is_made_once_and_reused(tmp_path: Path) -> None:

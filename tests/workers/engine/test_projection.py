@@ -31,9 +31,9 @@ def _weights() -> list[torch.Tensor]:
 
 
 def _projection(weight: torch.Tensor) -> Projection:
-    rowdot = native.load()
-    assert rowdot is not None, "the native kernel did not build on this machine (see the log)"
-    return Projection(weight, rowdot=rowdot)
+    kernels = native.load()
+    assert kernels is not None, "the native kernels did not build on this machine (see the log)"
+    return Projection(weight, rowdot=kernels.rowdot)
 
 
 def _timer(packed: float, native_s: float):
@@ -97,8 +97,9 @@ def test_nothing_is_timed_where_there_is_no_choice() -> None:
 def test_timing_runs_on_its_own_thread_with_the_engines_thread_count() -> None:
     """The caller keeps its torch thread count; the passes ran with the one asked for."""
     seen: list[tuple[str, int]] = []
-    rowdot = native.load()
-    assert rowdot is not None
+    kernels = native.load()
+    assert kernels is not None
+    rowdot = kernels.rowdot
 
     def spy(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         seen.append((threading.current_thread().name, torch.get_num_threads()))
