@@ -80,6 +80,39 @@ def test_rms_norm_refuses_what_it_cannot_take_with_what_to_fix() -> None:
         norm(torch.randn(1, 4), torch.randn(5), 1e-5)
 
 
+@pytest.mark.parametrize("tokens", [1, 5, 70])
+def test_rope_rotates_the_query_and_key_heads_in_place_as_torch_does(tokens: int) -> None:
+    """Rows as the qkv buffer has them: 4 query-and-key heads of 8 rotated, the 2 value
+    heads after them left alone; to the bit, since products are rounded before they add."""
+    g = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, 6 * 8, generator=g)
+    angles = torch.randn(tokens, 1, 4, generator=g)
+    cos, sin = angles.cos(), angles.sin()
+    expected = qkv.clone()
+    qk = expected[:, :32].view(tokens, 4, 8)
+    x1, x2 = qk[..., :4], qk[..., 4:]
+    r1 = x1 * cos - x2 * sin
+    x2.mul_(cos).addcmul_(x1, sin)
+    x1.copy_(r1)
+    _kernels().rope(qkv, 4, 8, cos, sin)
+    assert torch.equal(qkv, expected)
+
+
+def test_rope_refuses_rows_too_narrow_for_its_heads() -> None:
+    with pytest.raises(ValueError, match="must hold 4 heads of 8"):
+        _kernels().rope(torch.randn(2, 24), 4, 8, torch.ones(2, 4), torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_swiglu_is_silu_of_the_gate_times_the_up_half(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * 96, generator=g) * 4
+    expected = F.silu(x[:, :96]) * x[:, 96:]
+    assert torch.allclose(_kernels().swiglu(x), expected, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="even width"):
+        _kernels().swiglu(torch.randn(2, 7))
+
+
 def test_a_build_is_made_once_and_reused(tmp_path: Path) -> None:
     first = native._built(tmp_path)
     made = first.stat().st_mtime_ns

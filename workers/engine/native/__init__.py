@@ -10,7 +10,8 @@ core: the same pass took 17.6-21.3 ms through it against 23.1-29.6 ms packed (25
 four runs), and on the 113 MB LM head alone it read as fast as ``Tensor.sum`` (29-32 GB/s).
 Between the projections, what costs is dispatch: :mod:`norm.c` is the RMS norm in one
 call where torch's takes seven ops (in alternating runs of one process, batch-1 decode
-went from 18.6-19.3 to 17.7-18.0 ms a token).
+went from 18.6-19.3 to 17.7-18.0 ms a token), and :mod:`glue.c` the rotary embedding and
+the SwiGLU, four or five ops each.
 
 The C files are compiled together with the system's C compiler (``$CC``, else ``cc``) and
 ``-O3 -march=native -fopenmp`` into ``$XDG_CACHE_HOME/kvgate/native`` (``~/.cache`` by
@@ -36,26 +37,45 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("rowdot.c", "norm.c"))
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("rowdot.c", "norm.c", "glue.c"))
+#: ``-ffp-contract=off``: a product is rounded before it is added, as torch rounds it (the
+#: rotation's halves are then torch's to the bit)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
 LIBS = ("-lm",)
 #: seconds a build may take (it takes well under one)
 BUILD_TIMEOUT_S = 60.0
+
+
+def _check(what: str, *tensors: torch.Tensor) -> None:
+    """Refuse what the kernels cannot take: other dtypes than float32, other devices."""
+    if any(t.dtype != torch.float32 for t in tensors):
+        raise TypeError(f"{what} takes float32, not {', '.join(str(t.dtype) for t in tensors)}")
+    if any(t.device.type != "cpu" for t in tensors):
+        raise ValueError(f"{what} runs on the CPU")
+
+
+def _bind(lib: ctypes.CDLL, name: str, *argtypes: type) -> Callable[..., None]:
+    fn = getattr(lib, name)
+    fn.restype = None
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class RowDot:
     """``x @ weight.T`` for float32 CPU tensors through the compiled kernel."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.kvgate_rowdot
-        self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+        self._fn = _bind(lib, "kvgate_rowdot", _P, _P, _P, _I, _I, _I)
         isa = lib.kvgate_rowdot_isa
         isa.restype = ctypes.c_char_p
         #: the instruction set the build used: ``avx512``, ``avx2`` or ``scalar``
@@ -63,10 +83,7 @@ class RowDot:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``x`` ``[m, k]`` times ``weight`` ``[n, k]`` transposed: ``[m, n]``."""
-        if x.dtype != torch.float32 or weight.dtype != torch.float32:
-            raise TypeError(f"rowdot takes float32, not {x.dtype} and {weight.dtype}")
-        if x.device.type != "cpu" or weight.device.type != "cpu":
-            raise ValueError("rowdot runs on the CPU")
+        _check("rowdot", x, weight)
         m, k = x.shape
         n, wk = weight.shape
         if wk != k:
@@ -84,22 +101,55 @@ class RmsNorm:
     rows, through the compiled kernel."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.kvgate_rms_norm
-        self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        self._fn = _bind(lib, "kvgate_rms_norm", _P, _P, _P, _I, _I, _F)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x`` ``[..., n]`` normed by its rows and scaled by ``weight`` ``[n]``."""
-        if x.dtype != torch.float32 or weight.dtype != torch.float32:
-            raise TypeError(f"rms_norm takes float32, not {x.dtype} and {weight.dtype}")
-        if x.device.type != "cpu" or weight.device.type != "cpu":
-            raise ValueError("rms_norm runs on the CPU")
+        _check("rms_norm", x, weight)
         n = x.shape[-1]
         if weight.shape != (n,):
             raise ValueError(f"x has rows of {n}, the weight shape {tuple(weight.shape)}")
         x, weight = x.contiguous(), weight.contiguous()
         y = torch.empty_like(x)
         self._fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // max(n, 1), n, eps)
+        return y
+
+
+class Rope:
+    """The rotary embedding of the first heads of each row, in place."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = _bind(lib, "kvgate_rope", _P, _P, _P, _I, _I, _I, _I)
+
+    def __call__(
+        self, rows: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> None:
+        """Rotate the first ``heads`` heads of ``head_dim`` floats of each row of ``rows``
+        ``[T, width]`` (rows may be strided, their floats not) by ``cos`` and ``sin``
+        ``[T, head_dim / 2]``: the halves ``(x1, x2)`` of a head become
+        ``(x1 cos - x2 sin, x2 cos + x1 sin)``."""
+        _check("rope", rows, cos, sin)
+        tokens, half = rows.shape[0], head_dim // 2
+        if rows.dim() != 2 or rows.stride(1) != 1 or rows.shape[1] < heads * head_dim:
+            raise ValueError(f"rows {tuple(rows.shape)} must hold {heads} heads of {head_dim} each, contiguous within a row")  # fmt: skip
+        cos, sin = cos.reshape(tokens, half).contiguous(), sin.reshape(tokens, half).contiguous()
+        self._fn(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, rows.stride(0))  # fmt: skip
+
+
+class SwiGLU:
+    """``silu(g) * u`` of rows ``[g | u]``."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = _bind(lib, "kvgate_swiglu", _P, _P, _I, _I)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[m, 2n]`` to ``[m, n]``."""
+        _check("swiglu", x)
+        if x.dim() != 2 or x.shape[1] % 2:
+            raise ValueError(f"swiglu takes rows of an even width, not {tuple(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty((x.shape[0], x.shape[1] // 2), dtype=torch.float32)
+        self._fn(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1] // 2)
         return y
 
 
@@ -111,6 +161,10 @@ class Kernels:
         self.rowdot = RowDot(lib)
         #: the RMS norm of rows
         self.rms_norm = RmsNorm(lib)
+        #: the rotary embedding, in place
+        self.rope = Rope(lib)
+        #: the MLP's gated activation
+        self.swiglu = SwiGLU(lib)
 
 
 def cache_dir() -> Path:
