@@ -125,14 +125,16 @@ class Rope:
         self, rows: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
     ) -> None:
         """Rotate the first ``heads`` heads of ``head_dim`` floats of each row of ``rows``
-        ``[T, width]`` (rows may be strided, their floats not) by ``cos`` and ``sin``
-        ``[T, head_dim / 2]``: the halves ``(x1, x2)`` of a head become
+        ``[T, width]`` (rows may be strided, their floats not) by ``cos`` and ``sin``, each
+        ``T x head_dim / 2`` contiguous values (any shape: the model's ``[T, 1, D/2]``
+        serves every layer of a step without a reshape per call): the halves ``(x1, x2)`` of a head become
         ``(x1 cos - x2 sin, x2 cos + x1 sin)``."""
         _check("rope", rows, cos, sin)
         tokens, half = rows.shape[0], head_dim // 2
         if rows.dim() != 2 or rows.stride(1) != 1 or rows.shape[1] < heads * head_dim:
             raise ValueError(f"rows {tuple(rows.shape)} must hold {heads} heads of {head_dim} each, contiguous within a row")  # fmt: skip
-        cos, sin = cos.reshape(tokens, half).contiguous(), sin.reshape(tokens, half).contiguous()
+        if any(not t.is_contiguous() or t.numel() != tokens * half for t in (cos, sin)):
+            raise ValueError(f"cos and sin must be contiguous, {tokens} x {half} values each")
         self._fn(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, head_dim, rows.stride(0))  # fmt: skip
 
 
