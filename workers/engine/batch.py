@@ -54,6 +54,8 @@ class ForwardBatch:
     decode_slots: torch.Tensor | None  # [B, ctx_max] pool slots, padded
     #: ``[B, 1, 1, ctx_max]`` additive mask hiding the padding; None when there is none
     decode_mask: torch.Tensor | None
+    #: ``[B]`` context length of each single-token row (its slots past that are padding)
+    decode_lengths: torch.Tensor | None
     logit_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
 
     @property
@@ -115,7 +117,7 @@ def build_batch(
             mask = additive(torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None])
         prefill.append(PrefillRows(row, n, ctx.to(device), mask))
     decode_row = len(ids) - len(decode)
-    decode_slots = decode_mask = None
+    decode_slots = decode_mask = decode_lengths = None
     if decode:
         ctx_max = max(chunks[i].start + 1 for i in decode)
         width = -(-ctx_max // page_size)
@@ -128,6 +130,7 @@ def build_batch(
         if min(lengths) < ctx_max:
             decode_mask = additive(torch.arange(ctx_max)[None, :] < lens[:, None])[:, None, None]
         decode_slots = slots.contiguous().to(device)
+        decode_lengths = lens.to(device)
     batch = ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).to(device),
         positions=torch.tensor(positions, dtype=torch.long).to(device),
@@ -136,6 +139,7 @@ def build_batch(
         decode_row=decode_row,
         decode_slots=decode_slots,
         decode_mask=decode_mask,
+        decode_lengths=decode_lengths,
         logit_rows=torch.tensor(logit_rows, dtype=torch.long).to(device),
     )
     return batch, order
