@@ -85,16 +85,20 @@ def fit(budget_s: float, fixed_s: float, workloads: dict[str, Workload]) -> dict
     return {name: _turns(share, workload) for name, workload in workloads.items()}
 
 
-def refit(left_s: float, now: Workload, later: Sequence[Workload]) -> int:
+def refit(left_s: float, now: Workload, later: Sequence[Workload]) -> tuple[int, float]:
     """Measured turns for the workload ``now``, whose priming has just ended, when the
-    budget has ``left_s`` seconds left for the workloads: ``now``'s configuration starts
-    and the ``later`` workloads' primings and starts set aside, the rest is split evenly
-    between ``now`` and each of ``later``. What the run really took so far, not what was
-    predicted of it, decides: a calibration that misjudged the machine is caught here."""
+    budget has ``left_s`` seconds left for the workloads, and the seconds from now by which
+    ``now`` must be done: ``now``'s configuration starts and the ``later`` workloads'
+    primings and starts set aside, the rest is split evenly between ``now`` and each of
+    ``later``. What the run really took so far, not what was predicted of it, decides: a
+    calibration that misjudged the machine is caught here, and what it still misjudges of
+    the turns themselves is caught by the deadline (the rounds stop before it)."""
     _, costs_, only = now
-    left = left_s * (1 - MARGIN) - costs_.configs_s(0, only)
+    starts = costs_.configs_s(0, only)
+    left = left_s * (1 - MARGIN) - starts
     left -= sum(c.priming_s + c.configs_s(0, o) for _, c, o in later)
-    return _turns(left / (1 + len(later)), now)
+    share = left / (1 + len(later))
+    return _turns(share, now), starts + share
 
 
 def _turns(share_s: float, workload: Workload) -> int:

@@ -98,6 +98,9 @@ class Compare:
         drawn = conversations(spec.conversations, spec.shape, spec.seed)
         self.workload = drawn[: sizing.primed(drawn, spec.clients, 1, spec.idle_over_pool)]
         self.measured = spec.measured
+        #: the :func:`time.perf_counter` reading by which the measured rounds must end (None:
+        #: no deadline, every measured turn is played)
+        self.deadline: float | None = None
         self.pool_tokens = sizing.pool_tokens(self.workload, spec.clients, range(1, 2))
         #: the KV namespace of every request (the gateway's team is given it too)
         self.salt = f"bench-{spec.workload}-{spec.seed}"
@@ -184,8 +187,11 @@ class Compare:
     ) -> dict[str, Played]:
         """The measured turns of every configuration of ``served``, played in rounds (see
         :mod:`kvgate.bench.multiturn.interleave`) from the primed histories; ``after_round``
-        sees them at the end of each round."""
-        return interleave(served, self.primed, self.measured, self.spec.clients, after_round)
+        sees them at the end of each round; they stop before a round that would end past
+        :attr:`deadline`."""
+        return interleave(
+            served, self.primed, self.measured, self.spec.clients, after_round, self.deadline
+        )
 
     def _target(self, url: str) -> Target:
         return Target(url, cache_salt=self.salt)

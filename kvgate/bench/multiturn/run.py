@@ -216,12 +216,16 @@ def _refitter(
         names = list(compares)
         wl = compare.spec.workload
         later = [(compares[w], costs[w], configs_of(compares[w], only)) for w in names[names.index(wl) + 1 :]]  # fmt: skip
-        left = spec.budget_s - (time.perf_counter() - started)  # the fixed phases are done
-        turns = budget.refit(left, (compare, costs[wl], configs_of(compare, only)), later)
+        now = time.perf_counter()
+        left = spec.budget_s - (now - started)  # the fixed phases are done
+        turns, seconds = budget.refit(left, (compare, costs[wl], configs_of(compare, only)), later)  # fmt: skip
         compare.resize(turns)
+        compare.deadline = now + seconds
         data["budget"]["measured_turns"][wl] = turns
+        data["budget"].setdefault("ends_by_s", {})[wl] = now + seconds - started
         data["workloads"][wl]["measured_turns"] = turns
-        click.echo(f"=== {wl} primed: {turns} measured turns per configuration", err=True)
+        click.echo(f"=== {wl} primed: {turns} measured turns per configuration, "
+                   f"done by {now + seconds - started:.0f} s", err=True)  # fmt: skip
 
     return refit
 
@@ -301,10 +305,17 @@ def _play_workload(
                     out["config_seconds"][name] = starts[name] + p.seconds
                     out["configs"][name] = p.summary().as_dict()
 
-        for name, p in compare.play(served, record).items():
+        played = compare.play(served, record)
+        for name, p in played.items():
             s = p.summary()
             click.echo(f"{wl} {name}: {s.rps:.3f} req/s, TTFT p50 {s.ttft_p50:.2f}s, "
                        f"cached {s.cached_ratio:.0%}, errors {s.errors}", err=True)  # fmt: skip
+        if unplayed := max((p.unplayed for p in played.values()), default=0):
+            out["measured_turns"] = compare.measured - unplayed
+            out["cut_at_deadline"] = (
+                f"{compare.measured - unplayed} of the {compare.measured} turns sized were "
+                "played: the next round would have ended past this workload's deadline"
+            )
     out["configs"] = {c: out["configs"][c] for c in CONFIGS if c in out["configs"]}
 
 

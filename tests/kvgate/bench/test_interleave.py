@@ -44,6 +44,51 @@ def test_rounds_are_one_request_per_client_and_the_rest_last() -> None:
             requests_per_round(measured, clients)
 
 
+class _Clock:
+    """A perf_counter that moves only when a played turn says it took its seconds."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("deadline_in", "turn_seconds", "rounds_played"),
+    [
+        (100.0, [10.0], 3),  # 30 s rounds: a fourth, from 90 s, would end at 120
+        (90.0, [10.0], 3),  # one that ends on the deadline is played
+        (5.0, [10.0], 1),  # the first round is played whatever its length
+        (1e9, [10.0], 6),  # a far deadline plays every measured turn
+        # judged by the longest round so far (30 s), not the last (3 s): a sixth round,
+        # from 42 s, is not begun
+        (70.0, [10.0, 10.0, 10.0, 1.0], 5),
+    ],
+)
+def test_a_deadline_stops_the_rounds_before_one_that_would_end_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+    deadline_in: float,
+    turn_seconds: list[float],
+    rounds_played: int,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    # each configuration's turn in the order they play, the last one's length from then on
+    turns = iter(turn_seconds + turn_seconds[-1:] * 100)
+
+    async def played_turn(served: Served, histories: list, requests: int) -> tuple[list, float]:
+        seconds = next(turns)
+        clock.now += seconds
+        return [served.name] * requests, seconds
+
+    monkeypatch.setattr(rounds, "play_turn", played_turn)
+    served = [Served(n, Target(f"http://{n}", cache_salt=n)) for n in ("a", "b", "c")]
+    played = interleave(served, [], measured=6, clients=1, deadline=clock.now + deadline_in)
+    assert {n: len(p.results) for n, p in played.items()} == dict.fromkeys("abc", rounds_played)
+    assert {p.unplayed for p in played.values()} == {6 - rounds_played}
+
+
 def test_real_workers_play_the_closed_loops_turns_in_rounds_and_a_dead_one_drops_out(
     tmp_path: Path, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -144,12 +144,26 @@ def test_a_budget_buys_second_follow_ups_until_priming_fixes_the_pool(tmp_path: 
     assert compare.pool_tokens > pool_one  # it holds the second follow-ups' requests
     compare.primed = [History(c) for c in compare.workload]
     assert compare.measured_bounds() == (n + 1, 2 * n)
-    assert budget.refit(1e6, (compare, costs, only), []) == 2 * n
-    assert budget.refit(0.0, (compare, costs, only), []) == n + 1
+    assert budget.refit(1e6, (compare, costs, only), [])[0] == 2 * n
+    assert budget.refit(0.0, (compare, costs, only), [])[0] == n + 1
     plain = Compare(None, spec, 1, tmp_path)  # type: ignore[arg-type]
     plain.resize(n)
     plain.primed = [History(c) for c in plain.workload]
     assert plain.measured_bounds() == (spec.clients, n)
+
+
+def test_a_refit_gives_the_workload_its_share_and_a_deadline_that_leaves_the_next_its_own(
+    tmp_path: Path,
+) -> None:
+    """100 s left, 10% kept back: the later workload's priming (10 s) and start (2 s) set
+    aside, the 76 s left split in two; the workload now may take its own start and half."""
+    compare = Compare(None, QUICK.workloads[0], 1, tmp_path)  # type: ignore[arg-type]
+    compare.primed = [History(c) for c in compare.workload]
+    costs = budget.Costs(10.0, dict.fromkeys(CONFIGS, 2.0), dict.fromkeys(CONFIGS, 1.0))
+    now, later = (compare, costs, ("nas",)), (compare, costs, ("nas",))
+    _, seconds = budget.refit(100.0, now, [later])
+    assert seconds == pytest.approx(2.0 + (90.0 - 2.0 - 12.0) / 2)
+    assert budget.refit(100.0, now, [])[1] == pytest.approx(90.0)  # the last takes the rest
 
 
 def test_every_word_is_one_smollm2_token(smollm2_gguf: Path) -> None:
