@@ -294,6 +294,21 @@ async def _measure(
     return figures
 
 
+def with_history(report: str, out: Path) -> str:
+    """``report`` with a pointer to the hand-written history beside ``out``
+    (``<stem>_history.md``: profiles, experiments, earlier machines) where there is one.
+    The command rewrites ``out`` whole; what people write about its figures lives in the
+    other file, so that no run of the command erases it."""
+    history = out.with_name(f"{out.stem}_history.md")
+    if not history.exists():
+        return report
+    return (
+        f"{report.rstrip()}\n\n## Written by hand\n\nProfiles, experiments and the runs of "
+        f"earlier commits and machines, kept apart so that this command never overwrites "
+        f"them: [{history.name}]({history.name}).\n"
+    )
+
+
 @click.command()
 @click.option(
     "--model",
@@ -319,7 +334,7 @@ def engine(model: str | None, quick: bool, no_hf: bool, out: Path, json_path: Pa
     and the memory-bandwidth floor."""
     say = functools.partial(click.echo, err=True)
     figures = asyncio.run(measure(worker_options(model=model), quick, not no_hf, say))
-    report = render(figures)
+    report = with_history(render(figures), out)
     click.echo(report)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)

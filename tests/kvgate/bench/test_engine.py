@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kvgate.bench.engine import Figures, engine, on_own_thread, render
+from kvgate.bench.engine import Figures, engine, on_own_thread, render, with_history
 from kvgate.bench.engine_figures import bandwidth_of
 
 
@@ -110,6 +110,14 @@ def test_a_yardstick_runs_on_a_thread_of_its_own_with_the_cores() -> None:
 
     with pytest.raises(ValueError, match="no roofline"):
         on_own_thread(broken, 1)
+
+
+def test_the_report_points_to_the_hand_written_history_when_there_is_one(tmp_path: Path) -> None:
+    out = tmp_path / "engine.md"
+    assert with_history("# figures\n", out) == "# figures\n"
+    (tmp_path / "engine_history.md").write_text("## a profile\n")
+    linked = with_history("# figures\n", out)
+    assert linked.startswith("# figures\n") and "[engine_history.md](engine_history.md)" in linked
 
 
 @pytest.mark.slow
