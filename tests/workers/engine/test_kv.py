@@ -42,6 +42,7 @@ def test_pool_accounting_and_page_round_trip() -> None:
     assert torch.equal(torch.stack(copies), data)  # copies, not views of the pool
     # each memory of its own (host RAM keeps them as they are and frees them one by one)
     assert all(c.untyped_storage().nbytes() == c.nbytes for c in copies)
+    assert pool.page_copies([]) == []
     pool.write_pages(pages[1:], data)
     # a page's layout is its slots': token t of layer l is row p * page_stride + t of l's view
     assert pool.page_stride == pool.layout.num_layers * 4
