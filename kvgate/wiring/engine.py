@@ -94,9 +94,10 @@ def serving_process(options: WorkerOptions) -> WorkerOptions:
     hundred times a decode step, and wants it back when the op returns. Meanwhile the event
     loop's thread (HTTP, SSE, detokenizing every token) takes it, and at Python's default
     keeps it up to 5 ms: on a 2-core EPYC, 100 page copies for the lower tiers took 1 s
-    beside a busy Python thread at the default interval and 72 ms at 0.5 ms, and in a
-    serving worker, decode ran at 24 ms a token rather than 26-28 (sampled: the event
-    loop's thread held the GIL more often than the engine's).
+    beside a busy Python thread at the default interval and 72 ms at 0.5 ms, and two
+    serving workers asked in alternation decoded at a median 20.8 ms a token at 0.5 ms
+    against 23.3 at 5 ms (sampled: the event loop's thread held the GIL more often than
+    the engine's).
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if not keep_freed_memory():

@@ -221,11 +221,12 @@ def _refitter(
         turns, seconds = budget.refit(left, (compare, costs[wl], configs_of(compare, only)), later)  # fmt: skip
         compare.resize(turns)
         compare.deadline = now + seconds
+        ends_by = compare.deadline - started  # seconds into the run
         data["budget"]["measured_turns"][wl] = turns
-        data["budget"].setdefault("ends_by_s", {})[wl] = now + seconds - started
+        data["budget"].setdefault("ends_by_s", {})[wl] = ends_by
         data["workloads"][wl]["measured_turns"] = turns
         click.echo(f"=== {wl} primed: {turns} measured turns per configuration, "
-                   f"done by {now + seconds - started:.0f} s", err=True)  # fmt: skip
+                   f"done by {ends_by:.0f} s", err=True)  # fmt: skip
 
     return refit
 
