@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine import native
+from workers.engine.native import build
 
 
 def _kernels() -> native.Kernels:
@@ -113,10 +114,20 @@ def test_swiglu_is_silu_of_the_gate_times_the_up_half(rows: int) -> None:
         _kernels().swiglu(torch.randn(2, 7))
 
 
+def test_swiglu_holds_at_the_ends_of_the_exponential() -> None:
+    """Gates far out on both sides (where e^-g would overflow, or e^g underflow to 0), at
+    zero, and off the kernel's sixteen lanes: silu as torch computes it, infinities too."""
+    gate = torch.tensor([-1e4, -100.0, -87.5, -30.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 30.0])
+    gate = torch.cat([gate, torch.linspace(-90, 90, 27), torch.tensor([float("inf")])])
+    up = torch.linspace(-3, 3, gate.numel())
+    got = _kernels().swiglu(torch.cat([gate, up])[None])
+    assert torch.allclose(got, F.silu(gate)[None] * up, atol=1e-6, rtol=1e-6)
+
+
 def test_a_build_is_made_once_and_reused(tmp_path: Path) -> None:
-    first = native._built(tmp_path)
+    first = build.built(tmp_path)
     made = first.stat().st_mtime_ns
-    assert native._built(tmp_path) == first
+    assert build.built(tmp_path) == first
     assert first.stat().st_mtime_ns == made
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary file left
 
@@ -138,5 +149,5 @@ def test_a_failed_build_leaves_nothing_behind(
     library nor its temporary file stays to be loaded later."""
     monkeypatch.setenv("CC", "false")
     with pytest.raises(RuntimeError, match="failed"):
-        native._built(tmp_path)
+        build.built(tmp_path)
     assert list(tmp_path.iterdir()) == []

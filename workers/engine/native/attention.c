@@ -13,6 +13,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "exp.h"
+#include "team.h"
 #if defined(__AVX512F__) || defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -24,30 +27,6 @@
 #define MAX_HEADS 64
 /* slots asked for ahead of the one being read */
 #define AHEAD 8
-
-/* e^x for x <= 0 (a score minus its row's maximum), to about a float ulp: x = n ln 2 + r
- * with |r| <= ln 2 / 2 (ln 2 in two parts, the first exact in a product with n), e^r by its
- * Taylor series to r^7, and 2^n set in the exponent bits. Plain arithmetic, so that the
- * compiler vectorises the loops calling it (libm's expf is a call per element). */
-static inline float exp_nonpositive(float x)
-{
-    float y = x < -87.0f ? -87.0f : x;
-    float n = floorf(y * 1.44269504088896341f + 0.5f);
-    float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.98412698e-4f;
-    p = p * r + 1.38888889e-3f;
-    p = p * r + 8.33333333e-3f;
-    p = p * r + 4.16666667e-2f;
-    p = p * r + 1.66666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += (int32_t)n << 23;
-    memcpy(&p, &bits, sizeof p);
-    return x < -87.0f ? 0.0f : p;
-}
 
 /* a . b over d floats. The horizontal sum is a tree of shuffles where the build has
  * AVX-512 or AVX2: left to the compiler, each dot product ended in 16 dependent scalar
@@ -116,26 +95,9 @@ static inline float weights(float *s, int64_t n, float mx)
     float sum = 0.0f;
     int64_t j = 0;
 #if defined(__AVX512F__)
-    /* as exp_nonpositive, sixteen at a time; 2^n applied by vscalefps */
     __m512 total = _mm512_setzero_ps(), m = _mm512_set1_ps(mx);
     for (; j + 16 <= n; j += 16) {
-        __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), m);
-        __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-        x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-        __m512 k = _mm512_roundscale_ps(
-            _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-            _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-        __m512 p = _mm512_set1_ps(1.98412698e-4f);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.38888889e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.33333333e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.16666667e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.66666667e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
+        __m512 p = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
         _mm512_storeu_ps(s + j, p);
         total = _mm512_add_ps(total, p);
     }
@@ -278,41 +240,51 @@ static void merge(const float *first, int64_t pieces, int64_t per, int64_t heads
  * apart; out is [rows][kv_heads * g * d]. scratch holds rows * pieces * kv_heads * g *
  * (d + 2) floats, pieces = ceil(max(lens) / kvgate_attention_block()). Returns 0, or -1
  * for what the kernel does not take (d > 256, more than 64 query heads, a row of no keys). */
+int kvgate_attention_takes(int64_t kv_heads, int64_t g, int64_t d)
+{
+    return d >= 1 && d <= MAX_D && g >= 1 && kv_heads >= 1 && kv_heads * g <= MAX_HEADS;
+}
+
+void kvgate_attention_team(const float *q, int64_t ld_q, const void *pool, int half,
+                           int64_t stride, const int64_t *slots, int64_t ld_slots,
+                           const int64_t *lens, float *out, float *scratch, int64_t rows,
+                           int64_t kv_heads, int64_t g, int64_t d, float scale, int64_t pieces)
+{
+    int64_t heads = kv_heads * g, tasks = rows * pieces, per = heads * (d + 2);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t b = t / pieces, c = t % pieces;
+        float *m = scratch + t * per, *l = m + heads, *acc = l + heads;
+        int64_t j0 = c * BLOCK, j1 = j0 + BLOCK < lens[b] ? j0 + BLOCK : lens[b];
+        if (j0 >= j1) {
+            for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.0f;
+            continue;
+        }
+        float qs[MAX_HEADS * MAX_D];
+        const float *qb = q + b * ld_q;
+        for (int64_t i = 0; i < heads * d; i++) qs[i] = qb[i] * scale;
+        piece(qs, pool, half, slots + b * ld_slots, j0, j1, stride, kv_heads, g, d, m, l, acc);
+    }
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < rows; b++)
+        merge(scratch + b * pieces * per, pieces, per, heads, d, out + b * heads * d);
+}
+
 int kvgate_decode_attention(const float *q, int64_t ld_q, const void *pool, int half,
                             int64_t stride, const int64_t *slots, int64_t ld_slots,
                             const int64_t *lens, float *out, float *scratch, int64_t rows,
                             int64_t kv_heads, int64_t g, int64_t d, float scale)
 {
-    int64_t heads = kv_heads * g;
-    if (d < 1 || d > MAX_D || g < 1 || kv_heads < 1 || heads > MAX_HEADS) return -1;
+    if (!kvgate_attention_takes(kv_heads, g, d)) return -1;
     int64_t longest = 0;
     for (int64_t b = 0; b < rows; b++) {
         if (lens[b] < 1 || lens[b] > ld_slots) return -1;
         longest = lens[b] > longest ? lens[b] : longest;
     }
     int64_t pieces = (longest + BLOCK - 1) / BLOCK;
-    int64_t tasks = rows * pieces, per = heads * (d + 2);
-#pragma omp parallel if (tasks > 1)
-    {
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; t++) {
-            int64_t b = t / pieces, c = t % pieces;
-            float *m = scratch + t * per, *l = m + heads, *acc = l + heads;
-            int64_t j0 = c * BLOCK, j1 = j0 + BLOCK < lens[b] ? j0 + BLOCK : lens[b];
-            if (j0 >= j1) {
-                for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.0f;
-                continue;
-            }
-            float qs[MAX_HEADS * MAX_D];
-            const float *qb = q + b * ld_q;
-            for (int64_t i = 0; i < heads * d; i++) qs[i] = qb[i] * scale;
-            piece(qs, pool, half, slots + b * ld_slots, j0, j1, stride, kv_heads, g, d, m, l,
-                  acc);
-        }
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < rows; b++)
-            merge(scratch + b * pieces * per, pieces, per, heads, d, out + b * heads * d);
-    }
+#pragma omp parallel if (rows * pieces > 1)
+    kvgate_attention_team(q, ld_q, pool, half, stride, slots, ld_slots, lens, out, scratch,
+                          rows, kv_heads, g, d, scale, pieces);
     return 0;
 }
 

@@ -10,17 +10,20 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "team.h"
+
+void kvgate_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
+    float inv = 1.0f / sqrtf(s / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] * inv) * w[i];
+}
+
 void kvgate_rms_norm(const float *x, const float *w, float *y, int64_t m, int64_t n, float eps)
 {
 #pragma omp parallel for schedule(static) if (m >= 64)
-    for (int64_t r = 0; r < m; r++) {
-        const float *xr = x + r * n;
-        float *yr = y + r * n;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < n; i++) s += xr[i] * xr[i];
-        float inv = 1.0f / sqrtf(s / (float)n + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] * inv) * w[i];
-    }
+    for (int64_t r = 0; r < m; r++) kvgate_rms_norm_row(x + r * n, w, y + r * n, n, eps);
 }

@@ -12,6 +12,8 @@
  */
 #include <stdint.h>
 
+#include "team.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -77,19 +79,31 @@ static void dots(const float *w, const float *x, int64_t ldx, int rows, int64_t 
 
 #endif
 
-/* y[j * n + r] = sum_t w[r * k + t] * x[j * k + t] for j < m, r < n (x and y contiguous) */
-void kvgate_rowdot(const float *w, const float *x, float *y, int64_t m, int64_t n, int64_t k)
+/* y[j * n + r] (+)= sum_t w[r * k + t] * x[j * k + t] for j < m, r < n (x and y
+ * contiguous), the rows of w shared by the team */
+void kvgate_rowdot_team(const float *w, const float *x, float *y, int64_t m, int64_t n,
+                        int64_t k, int accumulate)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const float *wr = w + r * k;
         for (int64_t j = 0; j < m; j += 4) {
             float out[4];
             int rows = (int)(m - j < 4 ? m - j : 4);
             dots(wr, x + j * k, k, rows, k, out);
-            for (int t = 0; t < rows; t++) y[(j + t) * n + r] = out[t];
+            for (int t = 0; t < rows; t++) {
+                float *at = y + (j + t) * n + r;
+                *at = accumulate ? *at + out[t] : out[t];
+            }
         }
     }
+}
+
+/* y = x @ w.T (see kvgate_rowdot_team) on a team of its own */
+void kvgate_rowdot(const float *w, const float *x, float *y, int64_t m, int64_t n, int64_t k)
+{
+#pragma omp parallel
+    kvgate_rowdot_team(w, x, y, m, n, k, 0);
 }
 
 /* which of the kernels above this build compiled (for logs and reports) */
