@@ -5,7 +5,8 @@ prompts and decode tokens/s at batch 1/8/32, and at batch 8 with every request h
 JSON schema (grammar-constrained decoding); Hugging Face ``transformers`` on the same
 weights, prompts, device and dtype, measured in turn with ours; the matmul roofline in the
 engine's device and dtype (fp32 on a CPU, bf16 on a GPU) and the memory bandwidth, whose
-ratio to the bytes a decode step must read is the floor under batch-1 decode. The figures,
+ratio to the bytes a decode step must read is the floor under batch-1 decode, with the
+bandwidth of a pass that only reads beside it (the bound of a step that only reads). The figures,
 their ratios and the verdict on each target are printed and written to
 ``docs/benchmarks/engine.md`` (and ``--json``).
 """
@@ -44,6 +45,7 @@ from kvgate.bench.hf import (
     decode_bytes,
     matmul_gflops,
     prefill_flops,
+    read_bandwidth,
     roofline_shapes,
 )
 from kvgate.bench.output import cpu_name, source_commit
@@ -217,9 +219,12 @@ async def _measure(
         figures.matmul_samples.append(on_own_thread(gflops, threads))
         figures.matmul_gflops = max(figures.matmul_samples)
         bandwidth = functools.partial(copy_bandwidth, device=device)
+        reading = functools.partial(read_bandwidth, device=device)
         for _ in range(BANDWIDTH_DRAWS):
             figures.bandwidth_samples.append(on_own_thread(bandwidth, threads))
+            figures.read_bandwidth_samples.append(on_own_thread(reading, threads))
         figures.bandwidth_gbs = bandwidth_of(figures.bandwidth_samples)
+        figures.read_bandwidth_gbs = bandwidth_of(figures.read_bandwidth_samples)
 
     def keep_best(into: dict[int, float], key: int, value: float, who: str) -> None:
         into[key] = max(into.get(key, 0.0), value)

@@ -50,6 +50,10 @@ class Figures:
     #: (see :func:`bandwidth_of`)
     bandwidth_gbs: float = 0.0
     bandwidth_samples: list[float] = field(default_factory=list)
+    #: read-only bandwidth (GB/s, a sum's bytes read), the median of its samples, each on
+    #: a freshly allocated buffer as the copy's: what a pass that only reads gets
+    read_bandwidth_gbs: float = 0.0
+    read_bandwidth_samples: list[float] = field(default_factory=list)
     #: bytes a batch-1 decode step reads at best: every weight and the context's KV once
     decode_bytes: int = 0
     #: 1-minute load average at the start and the end: above the CPU count, other processes
@@ -72,6 +76,12 @@ class Figures:
         """Batch-1 decode tokens/s if a step cost only reading its bytes at the bandwidth."""
         return self.bandwidth_gbs * 1e9 / self.decode_bytes if self.decode_bytes else 0.0
 
+    @property
+    def read_floor_tps(self) -> float:
+        """Batch-1 decode tokens/s if a step cost only reading its bytes at the read-only
+        bandwidth: the bound for a step that only reads, where the copy's may be above it."""
+        return self.read_bandwidth_gbs * 1e9 / self.decode_bytes if self.decode_bytes else 0.0
+
     def ratios(self) -> dict[str, Any]:
         """Every comparison the run supports, as plain numbers (the JSON carries them)."""
         out: dict[str, Any] = {
@@ -90,6 +100,8 @@ class Figures:
             out[f"decode_batch{hi}_vs_batch{lo}"] = self.decode_tps[hi] / self.decode_tps[lo]
         if self.floor_tps and 1 in self.decode_tps:
             out["decode_batch1_vs_bandwidth_floor"] = self.decode_tps[1] / self.floor_tps
+        if self.read_floor_tps and 1 in self.decode_tps:
+            out["decode_batch1_vs_read_floor"] = self.decode_tps[1] / self.read_floor_tps
         if self.json_pairs:
             out["json_decode_vs_free"] = self.json_vs_free
         return out
@@ -195,6 +207,11 @@ def render(figures: Figures) -> str:
         f"{min(figures.bandwidth_samples, default=0.0):,.1f} to "
         f"{max(figures.bandwidth_samples, default=0.0):,.1f}): "
         f"**{figures.bandwidth_gbs:,.1f} GB/s**",
+        f"- read-only bandwidth (a sum over a 1 GiB buffer, the median of "
+        f"{len(figures.read_bandwidth_samples)} freshly allocated buffers, which gave "
+        f"{min(figures.read_bandwidth_samples, default=0.0):,.1f} to "
+        f"{max(figures.read_bandwidth_samples, default=0.0):,.1f}): "
+        f"**{figures.read_bandwidth_gbs:,.1f} GB/s**",
         f"- decode: {DECODE_PROMPT}-token prompts, {figures.decode_steps} greedy tokens per request"
         + (f"; {figures.single_row}" if figures.single_row else ""),
         "",
@@ -234,6 +251,13 @@ def render(figures: Figures) -> str:
             "weight once, the LM head for the embedding, and the context's KV): at "
             f"{figures.bandwidth_gbs:,.1f} GB/s that is a floor of {figures.floor_tps:,.1f} tok/s.",
         ]
+        if figures.read_floor_tps and 1 in figures.decode_tps:
+            lines[-1] += (
+                f" Read at the read-only rate, {figures.read_bandwidth_gbs:,.1f} GB/s, the same "
+                f"bytes take a step of {figures.decode_bytes / figures.read_bandwidth_gbs / 1e6:,.1f} "
+                f"ms, {figures.read_floor_tps:,.1f} tok/s: batch-1 decode is "
+                f"{figures.decode_tps[1] / figures.read_floor_tps:.0%} of that."
+            )
     lines += ["", "## Targets", ""]
     for target, met, detail in figures.targets():
         lines.append(f"- {'met' if met else '**missed**'}: {target} ({detail})")

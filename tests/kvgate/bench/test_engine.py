@@ -71,6 +71,22 @@ def test_targets_are_judged_on_the_measured_figures() -> None:
     assert ratios["decode_vs_transformers"] == {1: 17.0 / 3.0, 8: 59.0 / 40.0}
     assert ratios["decode_batch32_vs_batch1"] == 130.0 / 17.0
     assert abs(ratios["decode_batch1_vs_bandwidth_floor"] - 0.85) < 1e-6
+    assert "decode_batch1_vs_read_floor" not in ratios  # no read-only bandwidth measured
+
+
+def test_the_read_only_bandwidth_gives_the_floor_of_a_step_that_only_reads() -> None:
+    """Reading at 8 GB/s against a copy's 10, the same bytes allow 16 tok/s, not 20: decode
+    at 17 tok/s misses the copy's floor and is above the read-only one, and both are said."""
+    run = replace(
+        figures({128: (1.0, 1.0)}, {1: 17.0, 32: 130.0}, {1: 3.0}),
+        read_bandwidth_gbs=bandwidth_of([8.0, 7.0, 9.0]),
+        read_bandwidth_samples=[8.0, 7.0, 9.0],
+    )
+    assert abs(run.read_floor_tps - 16.0) < 1e-6
+    assert abs(run.ratios()["decode_batch1_vs_read_floor"] - 17.0 / 16.0) < 1e-6
+    report = render(run)
+    assert "3 freshly allocated buffers, which gave 7.0 to 9.0): **8.0 GB/s**" in report
+    assert "Read at the read-only rate, 8.0 GB/s, the same bytes take a step of 62.5 ms, 16.0 tok/s: batch-1 decode is 106% of that." in report  # fmt: skip
 
 
 def test_the_bandwidth_is_what_a_typical_allocation_gets() -> None:
@@ -143,6 +159,9 @@ def test_quick_run_writes_every_figure(
     assert figures["matmul_gflops"] == max(figures["matmul_samples"]) > 0
     assert len(figures["bandwidth_samples"]) == 8  # two fresh buffers at each of 4 samples
     assert figures["bandwidth_gbs"] == statistics.median(figures["bandwidth_samples"]) > 0
+    assert len(figures["read_bandwidth_samples"]) == 8
+    assert figures["read_bandwidth_gbs"] == statistics.median(figures["read_bandwidth_samples"]) > 0
+    assert figures["ratios"]["decode_batch1_vs_read_floor"] > 0
     assert set(figures["ratios"]["prefill_vs_transformers"]) == {"128", "512", "2048"}
     assert figures["ratios"]["decode_batch1_vs_bandwidth_floor"] > 0
     assert len(figures["json_pairs"]) == 9
