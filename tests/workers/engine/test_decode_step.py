@@ -134,8 +134,22 @@ def test_the_one_call_refuses_what_it_cannot_take() -> None:
         one_call(h, torch.zeros(1, 3, dtype=torch.int64), pool.kv.to(torch.bfloat16))
     with pytest.raises(ValueError, match="one contiguous row"):
         one_call(torch.zeros(2, tiny.config.hidden_size), torch.zeros(1, 3, dtype=torch.int64), pool.kv)  # fmt: skip
-    layer = model._decode_layers._keep[0][0]  # type: ignore[union-attr]
-    wrong = native.LayerWeights(**{**layer.__dict__, "o": layer.o[:, :8].contiguous()})
+    pages = pool.kv.shape[0]
+    past_the_pool = (pages * 2 - 1) * PAGE  # the last layer's view of the pool ends there
+    for slot in (past_the_pool, -1):
+        with pytest.raises(ValueError, match=f"outside the pool's {pages} pages"):
+            one_call(h, torch.tensor([[0, slot, 1]]), pool.kv)
+    assert not pool.kv.any()  # nothing was written
+    one_call(h, torch.tensor([[0, past_the_pool - 1]]), pool.kv)  # the last slot is in it
+    first = model.layers[0]
+    wrong = native.LayerWeights(
+        attn_norm=first.attn_norm,
+        qkv=first.qkv.row_major,
+        o=first.o.row_major[:, :8].contiguous(),
+        mlp_norm=first.mlp_norm,
+        gate_up=first.gate_up.row_major,
+        down=first.down.row_major,
+    )
     with pytest.raises(ValueError, match="contiguous weights shaped"):
         model._kernels.decode_layers(  # type: ignore[union-attr]
             [wrong], heads=4, kv_heads=2, eps=1e-5, cos=model.cos, sin=model.sin

@@ -245,7 +245,9 @@ class DecodeLayers:
         """``cos``, ``sin``: the rotary tables ``[positions, head_dim / 2]``."""
         self._fn = lib.kvgate_decode_layers
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _P, _P, _I, _P, ctypes.c_int, _I]
+        self._fn.argtypes = [_P, _P, _P, _I, _P, ctypes.c_int, _I, _I]
+        if not layers:
+            raise ValueError("decode layers take at least one layer")
         qkv, gate_up = layers[0].qkv, layers[0].gate_up
         hidden, inter = qkv.shape[1], gate_up.shape[0] // 2
         head_dim = qkv.shape[0] // (heads + 2 * kv_heads)
@@ -263,18 +265,18 @@ class DecodeLayers:
             if shapes != wanted or not all(getattr(layer, n).is_contiguous() for n in wanted):
                 raise ValueError(f"decode layers take contiguous weights shaped {wanted}, not {shapes}")  # fmt: skip
         _check("decode layers", cos, sin)
-        if cos.shape != sin.shape or cos.shape[1:] != (head_dim // 2,) or not cos.is_contiguous():
+        if cos.shape != sin.shape or cos.shape[1:] != (head_dim // 2,) or not (cos.is_contiguous() and sin.is_contiguous()):  # fmt: skip
             raise ValueError(f"cos and sin must be contiguous [positions, {head_dim // 2}]")
         takes = lib.kvgate_attention_takes
         takes.restype, takes.argtypes = ctypes.c_int, [_I, _I, _I]
         if heads % kv_heads or not takes(kv_heads, heads // kv_heads, head_dim):
             raise ValueError(f"decode attention does not take {heads} heads of {head_dim} over {kv_heads}")  # fmt: skip
-        self.shape = (len(layers), kv_heads, head_dim)
+        self._pool_dims = (len(layers), 2, kv_heads, head_dim)
         positions = cos.shape[0]
         pieces = -(-positions // DecodeAttention(lib).block)
         work = hidden + (heads + 2 * kv_heads) * head_dim + heads * head_dim + 3 * inter
         # kept: the C side holds their addresses
-        self._keep = (layers, cos, sin)
+        self._keep = (tuple(layers), cos, sin)
         self._scratch = torch.empty(work + pieces * heads * (head_dim + 2), dtype=torch.float32)
         self._layers = (_LayerWeights * len(layers))(
             *(_LayerWeights(*(getattr(w, f.name).data_ptr() for f in fields(w))) for w in layers)
@@ -294,15 +296,19 @@ class DecodeLayers:
         _check("decode layers", h)
         if pool.dtype not in (torch.float16, torch.float32) or not pool.is_cpu:
             raise TypeError(f"decode layers write a float16 or float32 CPU pool, not {pool.dtype}")  # fmt: skip
-        if pool.dim() != 6 or (pool.shape[1], pool.shape[4], pool.shape[5]) != self.shape or not pool.is_contiguous():  # fmt: skip
-            raise ValueError(f"the pool {tuple(pool.shape)} is not [pages, {self.shape[0]}, page_size, 2, {self.shape[1]}, {self.shape[2]}]")  # fmt: skip
+        if pool.dim() != 6 or (pool.shape[1], *pool.shape[3:]) != self._pool_dims or not pool.is_contiguous():  # fmt: skip
+            layers, _, kv_heads, head_dim = self._pool_dims
+            raise ValueError(f"the pool {tuple(pool.shape)} is not [pages, {layers}, page_size, 2, {kv_heads}, {head_dim}]")  # fmt: skip
         if h.shape != (1, self._model.hidden) or not h.is_contiguous():
             raise ValueError(f"h must be one contiguous row of {self._model.hidden}")
         if slots.dtype != torch.int64 or slots.dim() != 2 or slots.shape[0] != 1 or not slots.is_contiguous():  # fmt: skip
             raise ValueError("slots must be one contiguous int64 row")
         length = slots.shape[1]
-        if self._fn(ctypes.addressof(self._model), h.data_ptr(), slots.data_ptr(), length, pool.data_ptr(), int(pool.dtype == torch.float16), pool.shape[2]):  # fmt: skip
+        failed = self._fn(ctypes.addressof(self._model), h.data_ptr(), slots.data_ptr(), length, pool.data_ptr(), int(pool.dtype == torch.float16), pool.shape[0], pool.shape[2])  # fmt: skip
+        if failed == -1:
             raise ValueError(f"a context of {length} tokens is not 1 .. {self._model.max_length}")  # fmt: skip
+        if failed:
+            raise ValueError(f"a slot of the context lies outside the pool's {pool.shape[0]} pages")  # fmt: skip
 
 
 class Kernels:

@@ -62,12 +62,17 @@ static void narrow(const float *src, uint16_t *dst, int64_t n)
  * slots (its context, the new token's last); the token is at position length - 1, and its
  * K and V are written to slot slots[length - 1] of each layer before attention reads them.
  * The pool is [pages][layers][page_size][2][kv_heads][head_dim] of float16 (half != 0) or
- * float32; slot s of layer l is row l * page_size + s. Returns 0, or -1 where the length
- * is not 1 .. max_length or past the rotary table. */
+ * float32, `pages` of them; slot s of layer l is row l * page_size + s. Returns 0; -1
+ * where the length is not 1 .. max_length or past the rotary table, -2 where a slot lies
+ * outside the pool (nothing is read or written then). */
 int kvgate_decode_layers(const struct kvgate_model *M, float *h, const int64_t *slots,
-                         int64_t length, void *pool, int half, int64_t page_size)
+                         int64_t length, void *pool, int half, int64_t pages, int64_t page_size)
 {
     if (length < 1 || length > M->max_length || length > M->positions) return -1;
+    /* the last layer's view has the fewest rows: (pages - 1) * layers + 1 pages' worth */
+    const int64_t rows = (pages * M->n_layers - (M->n_layers - 1)) * page_size;
+    for (int64_t j = 0; j < length; j++)
+        if (slots[j] < 0 || slots[j] >= rows) return -2;
     const int64_t H = M->heads, K = M->kv_heads, D = M->head_dim, F = M->intermediate;
     const int64_t n = M->hidden, width = (H + 2 * K) * D, row = 2 * K * D, g = H / K;
     const int64_t position = length - 1, write = slots[length - 1];
