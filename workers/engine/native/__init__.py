@@ -209,7 +209,6 @@ class _Model(ctypes.Structure):
         ("sin", _P),
         ("positions", _I),
         ("scratch", _P),
-        ("max_length", _I),
     ]
 
 
@@ -273,7 +272,9 @@ class DecodeLayers:
             raise ValueError(f"decode attention does not take {heads} heads of {head_dim} over {kv_heads}")  # fmt: skip
         self._pool_dims = (len(layers), 2, kv_heads, head_dim)
         positions = cos.shape[0]
-        pieces = -(-positions // DecodeAttention(lib).block)
+        block = lib.kvgate_attention_block
+        block.restype = _I
+        pieces = -(-positions // int(block()))
         work = hidden + (heads + 2 * kv_heads) * head_dim + heads * head_dim + 3 * inter
         # kept: the C side holds their addresses
         self._keep = (tuple(layers), cos, sin)
@@ -284,7 +285,6 @@ class DecodeLayers:
         self._model = _Model(
             ctypes.addressof(self._layers), len(layers), hidden, heads, kv_heads, head_dim,
             inter, eps, cos.data_ptr(), sin.data_ptr(), positions, self._scratch.data_ptr(),
-            positions,
         )  # fmt: skip
 
     def __call__(self, h: torch.Tensor, slots: torch.Tensor, pool: torch.Tensor) -> None:
@@ -306,7 +306,7 @@ class DecodeLayers:
         length = slots.shape[1]
         failed = self._fn(ctypes.addressof(self._model), h.data_ptr(), slots.data_ptr(), length, pool.data_ptr(), int(pool.dtype == torch.float16), pool.shape[0], pool.shape[2])  # fmt: skip
         if failed == -1:
-            raise ValueError(f"a context of {length} tokens is not 1 .. {self._model.max_length}")  # fmt: skip
+            raise ValueError(f"a context of {length} tokens is not 1 .. {self._model.positions}")  # fmt: skip
         if failed:
             raise ValueError(f"a slot of the context lies outside the pool's {pool.shape[0]} pages")  # fmt: skip
 

@@ -233,13 +233,6 @@ static void merge(const float *first, int64_t pieces, int64_t per, int64_t heads
     }
 }
 
-/* out[b][h d ..] = softmax(q . K^T * scale) V for row b's query head h over the first
- * lens[b] slots of slots[b] (rows `ld_slots` apart), with KV head h / g of each slot. The
- * pool holds float16 (half != 0) or float32 elements; slot s starts at element s * stride,
- * its K is [kv_heads][d] and its V the kv_heads * d elements after. q rows are ld_q floats
- * apart; out is [rows][kv_heads * g * d]. scratch holds rows * pieces * kv_heads * g *
- * (d + 2) floats, pieces = ceil(max(lens) / kvgate_attention_block()). Returns 0, or -1
- * for what the kernel does not take (d > 256, more than 64 query heads, a row of no keys). */
 int kvgate_attention_takes(int64_t kv_heads, int64_t g, int64_t d)
 {
     return d >= 1 && d <= MAX_D && g >= 1 && kv_heads >= 1 && kv_heads * g <= MAX_HEADS;
@@ -270,6 +263,13 @@ void kvgate_attention_team(const float *q, int64_t ld_q, const void *pool, int h
         merge(scratch + b * pieces * per, pieces, per, heads, d, out + b * heads * d);
 }
 
+/* out[b][h d ..] = softmax(q . K^T * scale) V for row b's query head h over the first
+ * lens[b] slots of slots[b] (rows `ld_slots` apart), with KV head h / g of each slot. The
+ * pool holds float16 (half != 0) or float32 elements; slot s starts at element s * stride,
+ * its K is [kv_heads][d] and its V the kv_heads * d elements after. q rows are ld_q floats
+ * apart; out is [rows][kv_heads * g * d]. scratch holds rows * pieces * kv_heads * g *
+ * (d + 2) floats, pieces = ceil(max(lens) / kvgate_attention_block()). Returns 0, or -1
+ * for what the kernel does not take (d > 256, more than 64 query heads, a row of no keys). */
 int kvgate_decode_attention(const float *q, int64_t ld_q, const void *pool, int half,
                             int64_t stride, const int64_t *slots, int64_t ld_slots,
                             const int64_t *lens, float *out, float *scratch, int64_t rows,

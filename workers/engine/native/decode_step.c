@@ -33,13 +33,12 @@ struct kvgate_model {
     const struct kvgate_layer *layers;
     int64_t n_layers, hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
-    /* [positions][head_dim / 2] */
+    /* [positions][head_dim / 2]: a context is at most `positions` tokens */
     const float *cos, *sin;
     int64_t positions;
     /* hidden + qkv + heads * head_dim + 2 * intermediate + intermediate floats, then
-     * attention's pieces: at most max_length keys */
+     * attention's pieces for `positions` keys */
     float *scratch;
-    int64_t max_length;
 };
 
 /* float32 to float16 bits, to nearest with ties to even (as torch's Tensor.to) */
@@ -63,12 +62,12 @@ static void narrow(const float *src, uint16_t *dst, int64_t n)
  * K and V are written to slot slots[length - 1] of each layer before attention reads them.
  * The pool is [pages][layers][page_size][2][kv_heads][head_dim] of float16 (half != 0) or
  * float32, `pages` of them; slot s of layer l is row l * page_size + s. Returns 0; -1
- * where the length is not 1 .. max_length or past the rotary table, -2 where a slot lies
+ * where the length is not 1 .. positions, -2 where a slot lies
  * outside the pool (nothing is read or written then). */
 int kvgate_decode_layers(const struct kvgate_model *M, float *h, const int64_t *slots,
                          int64_t length, void *pool, int half, int64_t pages, int64_t page_size)
 {
-    if (length < 1 || length > M->max_length || length > M->positions) return -1;
+    if (length < 1 || length > M->positions) return -1;
     /* the last layer's view has the fewest rows: (pages - 1) * layers + 1 pages' worth */
     const int64_t rows = (pages * M->n_layers - (M->n_layers - 1)) * page_size;
     for (int64_t j = 0; j < length; j++)
