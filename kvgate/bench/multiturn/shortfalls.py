@@ -5,6 +5,9 @@ a chat comparison the timings of the configurations it compares."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 from kvgate.bench.multiturn.report import (
     RESTORE_REFERENCES,
     TARGETS,
@@ -40,12 +43,13 @@ def restore_shortfall(data: dict, key: str) -> str:
 
 
 def no_reuse_shortfall(data: dict) -> str:
-    """Why ``no_reuse_overhead`` missed: every measured wave's own overhead, and where the
-    tiered worker's extra work runs."""
+    """Why ``no_reuse_overhead`` missed: every measured wave's own overhead, the standard
+    error of their median (what the waves can resolve: an A/A pair on the 2-core EPYC,
+    tiering off on both sides, gave waves from -25% to +25% and a median of -0.018 over
+    ten, see ``docs/benchmarks/no_reuse_noise.md``), and what writing pages alone takes."""
     on, off = (data["no_reuse"][side]["wave_seconds"][1:] for side in ("on", "off"))
-    waves = ", ".join(f"{1 - f / n:+.1%}" for n, f in zip(on, off, strict=True))
-    cpus = data.get("machine", {}).get("cpus")
-    where = f"this machine's {cpus} cores" if cpus else "the machine's cores"
+    ratios = [1 - f / n for n, f in zip(on, off, strict=True)]
+    waves = ", ".join(f"{r:+.1%}" for r in ratios)
     share = data["figures"].get("no_reuse_write_cpu_share")
     cpu = data.get("floors", {}).get("nas_page_write_cpu_s")
     writes = (
@@ -55,10 +59,17 @@ def no_reuse_shortfall(data: dict) -> str:
         else ""
     )
     return (
-        f"the measured waves cost {waves} with tiering on; keying, copying and writing every "
-        f"request's pages runs on threads that take {where} from the engine's OpenMP team, "
-        f"which waits for a preempted thread at each of a step's parallel regions{writes}"
+        f"the measured waves cost {waves} with tiering on; the median of {len(ratios)} "
+        f"such waves resolves about ±{median_error(ratios):.3f}{writes}"
     )
+
+
+def median_error(samples: list[float]) -> float:
+    """The standard error of the median of ``samples``: sqrt(pi/2) x their standard
+    deviation / sqrt(n), the large-sample rule for a normal spread (0 for fewer than 2)."""
+    if len(samples) < 2:
+        return 0.0
+    return math.sqrt(math.pi / 2) * statistics.stdev(samples) / math.sqrt(len(samples))
 
 
 def docqa_shortfall(data: dict) -> str:
