@@ -4,8 +4,6 @@ after each wave)."""
 
 from __future__ import annotations
 
-import math
-import statistics
 from pathlib import Path
 
 import httpx
@@ -111,19 +109,6 @@ def test_one_real_worker_plays_both_sides_and_only_its_tiered_waves_write_and_dr
     assert out["off"]["drain_seconds"] == [0.0] * 3 and min(out["on"]["drain_seconds"]) > 0
     assert backend["hicache_storage_backend"] is not None  # the last wave played attached
     assert any((tmp_path / "nas").rglob("*.kvb"))
-
-
-def test_the_shortfall_gives_each_wave_and_what_their_median_resolves() -> None:
-    on, off = [9.0, 10.0, 10.0, 10.0, 10.0], [9.0, 9.0, 10.0, 9.5, 10.5]
-    data = {
-        "no_reuse": {"on": {"wave_seconds": on}, "off": {"wave_seconds": off}},
-        "figures": {},
-    }
-    text = shortfalls.no_reuse_shortfall(data)
-    assert "+10.0%, +0.0%, +5.0%, -5.0%" in text
-    ratios = [0.1, 0.0, 0.05, -0.05]
-    expected = math.sqrt(math.pi / 2) * statistics.stdev(ratios) / 2
-    assert f"median of 4 such waves resolves about ±{expected:.3f}" in text
 
 
 def test_the_median_error_of_one_sample_is_zero_and_grows_with_spread() -> None:
