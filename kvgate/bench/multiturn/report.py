@@ -59,13 +59,18 @@ def configs_of(d: dict, workload: str) -> dict[str, dict]:
     return d.get("configs", {}) if workload == "chat" else {}
 
 
-def _no_reuse_overhead(d: dict) -> float:
-    """1 - requests/s on / off as the median over the measured waves of each wave's own
-    ``1 - off seconds / on seconds``: a wave plays the same requests on both sides, so one
-    wave stalled by the machine (51 s against 27-36 s for the others, seen here) moves a
-    sum of seconds by a tenth but leaves this median where the other waves put it."""
+def no_reuse_ratios(d: dict) -> list[float]:
+    """Each measured no-reuse wave's own ``1 - off seconds / on seconds`` (warm-up left out)."""
     on, off = (d["no_reuse"][side]["wave_seconds"][1:] for side in ("on", "off"))
-    return statistics.median(1 - f / n for n, f in zip(on, off, strict=True))
+    return [1 - f / n for n, f in zip(on, off, strict=True)]
+
+
+def _no_reuse_overhead(d: dict) -> float:
+    """1 - requests/s on / off as the median of :func:`no_reuse_ratios`: a wave plays the
+    same requests on both sides, so one wave stalled by the machine (51 s against 27-36 s
+    for the others, seen here) moves a sum of seconds by a tenth but leaves this median
+    where the other waves put it."""
+    return statistics.median(no_reuse_ratios(d))
 
 
 def restore_turn(d: dict, source: str) -> tuple[float, float, int]:

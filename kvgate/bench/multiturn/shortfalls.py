@@ -13,6 +13,7 @@ from kvgate.bench.multiturn.report import (
     TARGETS,
     configs_of,
     fmt_rate,
+    no_reuse_ratios,
     restore_turn,
 )
 
@@ -47,8 +48,7 @@ def no_reuse_shortfall(data: dict) -> str:
     error of their median (what the waves can resolve: an A/A pair on the 2-core EPYC,
     tiering off on both sides, gave waves from -25% to +25% and a median of -0.018 over
     ten, see ``docs/benchmarks/no_reuse_noise.md``), and what writing pages alone takes."""
-    on, off = (data["no_reuse"][side]["wave_seconds"][1:] for side in ("on", "off"))
-    ratios = [1 - f / n for n, f in zip(on, off, strict=True)]
+    ratios = no_reuse_ratios(data)
     waves = ", ".join(f"{r:+.1%}" for r in ratios)
     share = data["figures"].get("no_reuse_write_cpu_share")
     cpu = data.get("floors", {}).get("nas_page_write_cpu_s")
