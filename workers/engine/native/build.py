@@ -1,92 +1,33 @@
-"""Building the native kernels: compiled for this CPU on first use, and cached.
-
-The C files are compiled together with the system's C compiler (``$CC``, else ``cc``) and
-``-O3 -march=native -fopenmp`` into ``$XDG_CACHE_HOME/kvgate/native`` (``~/.cache`` by
-default), named by the digest of the sources and their headers, the flags, the compiler's
-version and the CPU's model and flags, so that a cached library is only ever loaded on the
-machine kind it was built for. A build is written to a temporary file and renamed, so
-workers starting together never load half a file.
+"""What the engine's kernels are built from; the building itself (compiled for this CPU on
+first use, cached by digest) is :mod:`tiering.native.build`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in ("rowdot.c", "norm.c", "glue.c", "attention.c", "decode_step.c")
-)
-#: included by the sources: part of a build's digest, not compiled on their own
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("exp.h", "team.h"))
+from tiering.native.build import Library, cache_dir
+from tiering.native.build import built as _built
+
+__all__ = ["KERNELS", "built", "cache_dir"]
+
 #: ``-ffp-contract=off``: a product is rounded before it is added, as torch rounds it (the
 #: rotation's halves are then torch's to the bit)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
-LIBS = ("-lm",)
-#: seconds a build may take (it takes well under one)
-BUILD_TIMEOUT_S = 60.0
-
-
-def cache_dir() -> Path:
-    """Where builds are kept: ``$XDG_CACHE_HOME/kvgate/native``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kvgate" / "native"
-
-
-def _compiler() -> str:
-    cc = os.environ.get("CC") or "cc"
-    found = shutil.which(cc)
-    if found is None:
-        raise RuntimeError(f"no C compiler ({cc!r} is not on PATH)")
-    return found
-
-
-def _cpu_identity() -> str:
-    """The CPU model and feature flags (what ``-march=native`` compiles for)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    wanted = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(wanted)))
+KERNELS = Library(
+    stem="kernels",
+    sources=tuple(
+        Path(__file__).with_name(name)
+        for name in ("rowdot.c", "norm.c", "glue.c", "attention.c", "decode_step.c")
+    ),
+    headers=tuple(Path(__file__).with_name(name) for name in ("exp.h", "team.h")),
+    flags=(
+        *("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"),
+        "-ffp-contract=off",
+    ),
+    libs=("-lm",),
+)
 
 
 def built(directory: Path) -> Path:
-    """The library for these sources, compiler and CPU under ``directory``, built if missing."""
-    cc = _compiler()
-    version = subprocess.run(
-        [cc, "--version"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
-    ).stdout
-    digest = hashlib.sha256()
-    for part in (
-        *(src.read_bytes() for src in (*SOURCES, *HEADERS)),
-        " ".join(FLAGS).encode(),
-        version.encode(),
-    ):
-        digest.update(part)
-    digest.update(_cpu_identity().encode())
-    target = directory / f"kernels-{digest.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kernels-", suffix=".so")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cc, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-        )
-        if done.returncode:
-            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    """The kernels' library for this compiler and CPU under ``directory``, built if missing."""
+    return _built(KERNELS, directory)
