@@ -138,6 +138,15 @@ def _parse_header(view: memoryview) -> _Header:
     return _Header(bytes(key), bytes(namespace), dtype, shape, plen, checksum, covered)
 
 
+def checksum(parts: Sequence[memoryview | bytes]) -> int:
+    """The xxh3-64 of ``parts`` in order: a block's checksum when they are its header's
+    covered bytes and its payload."""
+    h = xxhash.xxh3_64()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
+
+
 def _check_sum(head: _Header, view: memoryview, payload: memoryview) -> None:
     h = xxhash.xxh3_64(view[: head.covered])
     h.update(payload)
@@ -190,19 +199,24 @@ class PageCheck:
         self._after_key = head[8 + KEY_BYTES :]
         self.header_bytes = len(head) + 8
 
-    def verify(self, header: memoryview, payload: Sequence[memoryview], key: bytes) -> None:
-        """Raise :class:`CorruptBlock` unless ``header`` + ``payload`` is ``key``'s block."""
-        covered = self.header_bytes - 8
+    @property
+    def covered(self) -> int:
+        """Bytes of the header before its checksum (the checksum covers them, then the
+        payload)."""
+        return self.header_bytes - 8
+
+    def verify(self, header: memoryview, key: bytes, checksum: int) -> None:
+        """Raise :class:`CorruptBlock` unless ``header`` is ``key``'s and ``checksum`` (of
+        the header's covered bytes and the payload read with it, :func:`checksum`) is the
+        one it records."""
+        covered = self.covered
         if (
             header[:8] != self._before_key
             or header[8 : 8 + KEY_BYTES] != key
             or header[8 + KEY_BYTES : covered] != self._after_key
         ):
             self._explain(header, key)
-        h = xxhash.xxh3_64(header[:covered])
-        for part in payload:
-            h.update(part)
-        if h.intdigest() != _U64.unpack_from(header, covered)[0]:
+        if checksum != _U64.unpack_from(header, covered)[0]:
             raise CorruptBlock("checksum mismatch: the block was damaged in storage or transit")
 
     def _explain(self, header: memoryview, key: bytes) -> None:

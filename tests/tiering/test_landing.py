@@ -18,6 +18,7 @@ from tests.support.tiering import (
     object_config,
     serving,
 )
+from tiering import native
 from tiering.codec import Block
 from tiering.landing import Landed, Landing
 from tiering.tiers.nas import NasConfig, NasTier
@@ -72,9 +73,15 @@ def test_a_page_lands_once_and_nothing_lands_after_close() -> None:
     assert given_back == [2]
 
 
+@pytest.mark.parametrize("reader", ["native", "python"])
 async def test_nas_reads_pages_in_place_across_threads_with_misses_and_damage(
-    nas_dir: Path,
+    nas_dir: Path, reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The same answers whether the compiled page reader or the Python one reads."""
+    if reader == "python":
+        monkeypatch.setattr(native, "page_reader", lambda: None)
+    elif native.page_reader() is None:
+        pytest.skip("no C compiler here")
     nas = NasTier(NasConfig(nas_dir, fsync=False, threads=3))
     ns = namespace()
     blocks = chain(ns, 10)

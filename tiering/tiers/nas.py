@@ -15,6 +15,7 @@ tiering on, at the same priority 1-6%).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.tiers import TierName
+from tiering import native
 from tiering.codec import Block, CorruptBlock, decode
 from tiering.landing import Landed, Landing
 from tiering.tiers.base import TierError, TierStats, in_runs
@@ -32,6 +34,7 @@ from tiering.tiers.nas_files import (
     block_file,
     open_block,
     read_into,
+    read_pages,
     scan,
     unlink,
     write_block,
@@ -44,6 +47,9 @@ from tiering.tiers.slabs import SlabPool
 GROUP_BYTES = 8 << 20
 #: and holds at most this many files open at once
 GROUP_FILES = 64
+#: pages a read thread lands per call of the page reader: an abandoned landing may still be
+#: writing this many pages a thread (held back until the call ends)
+LAND_GROUP = 8
 #: most read threads by default (a remote NAS's latency wants some in flight)
 MAX_READ_THREADS = 8
 
@@ -88,6 +94,8 @@ class NasTier:
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="kv-nas")
         self._writes = ThreadPoolExecutor(config.write_threads, thread_name_prefix="kv-nas-write")
         self._slabs = SlabPool(config.idle_read_bytes)
+        # built (or found built) now, on a read thread: not during a first restore's deadline
+        self._pool.submit(native.page_reader)
         self._stats = TierStats(self.name)
 
     def path(self, key: bytes) -> Path:
@@ -173,43 +181,77 @@ class NasTier:
 
     def _land_run(self, keys: Sequence[bytes], at: Sequence[int], *, into: Landing) -> list[Landed]:
         """Read ``keys`` straight into their pages of ``into`` and verify them there: one
-        worker thread's share of :meth:`land`. Stops once ``into`` is closed (the pages not
-        read then are ``REFUSED``)."""
-        check = into.check
-        header = memoryview(bytearray(check.header_bytes))
-        size = check.header_bytes + check.payload_bytes
+        worker thread's share of :meth:`land`, :data:`LAND_GROUP` pages per read call.
+        Stops once ``into`` is closed (the pages not read then are ``REFUSED``)."""
         out = [Landed.REFUSED] * len(keys)
-        for j, key in enumerate(keys):
-            path = self._file(key)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                out[j] = Landed.MISSING
-                continue
-            except OSError as exc:
-                raise TierError(f"nas: cannot open {path}: {exc}") from exc
-            try:
+        for start in range(0, len(keys), LAND_GROUP):
+            group: list[tuple[int, list[memoryview]]] = []
+            for j in range(start, min(start + LAND_GROUP, len(keys))):
                 views = into.claim(at[j])
-                if views is None:
-                    if into.closed:
-                        break  # abandoned: the memory is no longer ours to write
-                    continue  # another tier holds this page: REFUSED, the file untouched
-                out[j] = Landed.MISSING
-                try:
-                    if read_into(fd, [header, *views], size) != size:
-                        raise CorruptBlock(f"{path} is shorter than a block of this layout")
-                    check.verify(header, views, key)
-                    out[j] = Landed.LANDED
-                except CorruptBlock:
-                    self._corrupt(key)
-                finally:
-                    # a page that failed verification is free for another tier's copy
-                    into.release(at[j], landed=out[j] is Landed.LANDED)
-            except OSError as exc:
-                raise TierError(f"nas: cannot read {path}: {exc}") from exc
-            finally:
-                os.close(fd)
+                if views is not None:
+                    group.append((j, views))
+                elif into.closed:
+                    break  # abandoned: the memory is no longer ours to write
+                # else another tier holds this page: REFUSED, the file untouched
+            if group:
+                self._land_group(keys, at, into, group, out)
+            if into.closed:
+                break
         return out
+
+    def _land_group(
+        self,
+        keys: Sequence[bytes],
+        at: Sequence[int],
+        into: Landing,
+        group: list[tuple[int, list[memoryview]]],
+        out: list[Landed],
+    ) -> None:
+        """Read and verify the claimed pages of ``group`` (``(position in keys, views)``),
+        setting their ``out``; every claim is released, landed or not."""
+        check = into.check
+        headers = [memoryview(bytearray(check.header_bytes)) for _ in group]
+        paths = [self._file(keys[j]) for j, _ in group]
+        size = check.header_bytes + check.payload_bytes
+        failure: str | None = None
+        try:
+            read = self._read_pages(
+                paths,
+                [[h, *views] for h, (_, views) in zip(headers, group, strict=True)],
+                check.covered,
+            )
+        except (OSError, ValueError, TypeError) as exc:  # claims are released below
+            failure = f"nas: cannot read {paths[0]} and on: {exc}"
+            read = [(-errno.EIO, 0)] * len(group)
+        for k, (j, _) in enumerate(group):
+            landed = False
+            try:
+                got, digest = read[k]
+                if got == -errno.ENOENT:
+                    out[j] = Landed.MISSING
+                elif got < 0:
+                    failure = failure or f"nas: cannot read {paths[k]}: {os.strerror(-got)}"
+                else:
+                    out[j] = Landed.MISSING
+                    try:
+                        if got != size:
+                            raise CorruptBlock(f"{paths[k]} is not a block of this layout")
+                        check.verify(headers[k], keys[j], digest)
+                        out[j], landed = Landed.LANDED, True
+                    except CorruptBlock:
+                        self._corrupt(keys[j])
+            finally:
+                # a page that failed verification is free for another tier's copy
+                into.release(at[j], landed=landed)
+        if failure is not None:
+            raise TierError(failure)
+
+    def _read_pages(
+        self, paths: Sequence[str], pages: Sequence[Sequence[memoryview]], covered: int
+    ) -> list[tuple[int, int]]:
+        """:func:`~tiering.tiers.nas_files.read_pages`, through the compiled reader where
+        there is one (:mod:`tiering.native`)."""
+        return (native.page_reader() or read_pages)(paths, pages, covered)
 
     async def _spread(
         self,

@@ -10,13 +10,14 @@ Everything here blocks; :class:`~tiering.tiers.nas.NasTier` runs it on its threa
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiering.codec import Block, encode_header
+from tiering.codec import Block, checksum, encode_header
 from tiering.tiers.base import TierError
 
 SUFFIX = ".kvb"
@@ -60,6 +61,36 @@ def read_into(fd: int, views: Sequence[memoryview], size: int) -> int:
         n = os.readv(fd, [views[part][offset:], *views[part + 1 :]])
         got += n
     return got
+
+
+def read_pages(
+    paths: Sequence[str], pages: Sequence[Sequence[memoryview]], covered: int
+) -> list[tuple[int, int]]:
+    """Read each file of ``paths`` into its page's views (the first is the block's header)
+    and checksum it: per page ``(bytes read, checksum)``, the bytes read being ``-errno``
+    when the file could not be opened or read, and the checksum (of the header's first
+    ``covered`` bytes, then the other views) 0 unless every view was filled.
+
+    The reference for :class:`tiering.native.PageReader`, which does the same in one call
+    without the GIL, and what the NAS reads with where that cannot be built.
+    """
+    out = []
+    for path, views in zip(paths, pages, strict=True):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            out.append((-(exc.errno or errno.EIO), 0))
+            continue
+        size = sum(v.nbytes for v in views)
+        try:
+            got = read_into(fd, views, size)
+        except OSError as exc:
+            got = -(exc.errno or errno.EIO)
+        finally:
+            os.close(fd)
+        full = got == size
+        out.append((got, checksum([views[0][:covered], *views[1:]]) if full else 0))
+    return out
 
 
 def write_block(root: str | Path, block: Block, *, fsync: bool, chunk: int) -> None:

@@ -28,7 +28,6 @@ from tiering.cost import CostConfig, CostModel
 from tiering.ledger import Ledger
 from tiering.store import TieredStore
 from tiering.tierd import Tierd, TierdConfig
-from tiering.tiers import nas as nas_module
 from tiering.tiers.host import HostTier
 from tiering.tiers.nas import NasConfig, NasTier
 from tiering.tiers.object import ObjectConfig, ObjectTier
@@ -315,11 +314,11 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
     engine = _engine(TINY.config, TINY.state_dict, pages=11, offload=offload)
     cold = _engine(TINY.config, TINY.state_dict, pages=256)
     go, ended = threading.Event(), threading.Semaphore(0)
-    read_into, land_run = nas_module.read_into, NasTier._land_run
+    read_pages, land_run = NasTier._read_pages, NasTier._land_run
 
-    def hanging_read(fd, views, size):  # type: ignore[no-untyped-def]
+    def hanging_read(self, *args):  # type: ignore[no-untyped-def]
         assert go.wait(30), "the test never let the read go on"
-        return read_into(fd, views, size)
+        return read_pages(self, *args)
 
     def counted_run(self, *args, **kw):  # type: ignore[no-untyped-def]
         try:
@@ -334,7 +333,7 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
             await run(engine, f"b{i}", other, greedy(4))
         offload.drain()
         _on_store(offload, lambda s: s.host.clear())
-        monkeypatch.setattr(nas_module, "read_into", hanging_read)
+        monkeypatch.setattr(NasTier, "_read_pages", hanging_read)
         monkeypatch.setattr(NasTier, "_land_run", counted_run)
 
         again = await run(engine, "c", prompt, greedy(6))
@@ -345,7 +344,7 @@ async def test_an_abandoned_restore_never_writes_pages_in_use(nas_dir: Path, mon
         go.set()  # the reads finish now, into the held-back pages only
         for _ in range(NAS_READ_THREADS):  # one run of pages per reading thread
             assert ended.acquire(timeout=30)
-        monkeypatch.setattr(nas_module, "read_into", read_into)
+        monkeypatch.setattr(NasTier, "_read_pages", read_pages)
         _on_store(offload, lambda s: s.host.clear())
         final = await run(engine, "d", prompt, greedy(6))
         assert tokens(final) == expected
