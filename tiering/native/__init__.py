@@ -8,7 +8,7 @@ history (258 pages, 95 MB) from the page cache took 15-26 ms on two threads that
 13-15 ms through this reader (2-core AMD EPYC, four alternating runs, medians of 15),
 whose floor is the kernel's copy out of the page cache (13 ms on one thread). In a
 worker's restore turn, where the ledger's answer is parsed on the event loop's thread
-while the NAS is read, the landing's median of 11 went from 20-23 ms to 19-20.
+while the NAS is read, the landing's median of 11 went from 20-24 ms to 19-20.
 
 The checksum is computed with the xxhash functions of the Python package the blocks were
 written with (its extension exports them), so both sides hash alike. The reader is built
