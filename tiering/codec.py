@@ -86,9 +86,7 @@ def _head(key: bytes, namespace: bytes, dtype: str, shape: tuple[int, ...], nbyt
 def encode_header(block: Block) -> bytes:
     """The header of ``block``, checksum included; write it followed by ``block.payload``."""
     head = _head(block.key, block.namespace, block.dtype, block.shape, block.nbytes)
-    h = xxhash.xxh3_64(head)
-    h.update(block.payload)
-    return head + _U64.pack(h.intdigest())
+    return head + _U64.pack(checksum([head, block.payload]))
 
 
 def encoded_size(block: Block) -> int:
@@ -148,9 +146,7 @@ def checksum(parts: Sequence[memoryview | bytes]) -> int:
 
 
 def _check_sum(head: _Header, view: memoryview, payload: memoryview) -> None:
-    h = xxhash.xxh3_64(view[: head.covered])
-    h.update(payload)
-    if h.intdigest() != head.checksum:
+    if checksum([view[: head.covered], payload]) != head.checksum:
         raise CorruptBlock("checksum mismatch: the block was damaged in storage or transit")
 
 
